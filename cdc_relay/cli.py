@@ -1,0 +1,125 @@
+"""Command line: ``python -m cdc_relay [run] [--setting value ...]``.
+
+Every setting of :class:`cdc_relay.config.Settings` is also a flag (``--slot-name`` for
+``CDC_RELAY_SLOT_NAME``); flags win over the environment and the ``.env`` file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from cdc_relay import __version__
+from cdc_relay.config import Settings, env_name, load_settings
+from cdc_relay.errors import ConfigError, RelayError
+from cdc_relay.logs import configure
+
+log = logging.getLogger("cdc_relay.cli")
+
+_SPECIAL_FLAGS = {"kafka_producer_config"}  # given as repeatable --kafka-property KEY=VALUE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdc-relay",
+        description=(
+            "Relay transactional-outbox rows from PostgreSQL to Kafka by tailing the WAL. "
+            "Every flag can also be set as an environment variable (shown in brackets) or in .env."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"cdc-relay {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser("run", help="run the relay (the default command)")
+    for target in (parser, run):
+        _add_setting_flags(target)
+    return parser
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings")
+    for name, field in Settings.model_fields.items():
+        if name in _SPECIAL_FLAGS:
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description} [{env_name(name)}]"
+        if field.annotation is bool:
+            group.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            group.add_argument(
+                flag, dest=name, default=argparse.SUPPRESS, metavar="VALUE", help=help_text
+            )
+    group.add_argument(
+        "--kafka-property",
+        dest="kafka_property",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="any librdkafka producer property, repeatable [CDC_RELAY_KAFKA_PRODUCER_CONFIG, JSON]",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {
+        name: getattr(args, name, None)
+        for name in Settings.model_fields
+        if name not in _SPECIAL_FLAGS
+    }
+    properties = getattr(args, "kafka_property", None)
+    if properties:
+        props = {}
+        for item in properties:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--kafka-property expects KEY=VALUE, got {key!r}")
+            props[key.strip()] = value
+        # Flags extend what the environment configured rather than replacing it.
+        base = load_settings(**overrides).kafka_producer_config
+        overrides["kafka_producer_config"] = {**base, **props}
+    return load_settings(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"cdc-relay: {exc}", file=sys.stderr)
+        return exc.exit_code
+    configure(settings.log_level, settings.log_format.value)
+    return run(settings)
+
+
+def run(settings: Settings) -> int:
+    from cdc_relay.relay import Relay  # imported late: --help and --version stay fast
+
+    relay = Relay(settings)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("stop requested", extra={"fields": {"signal": signal.Signals(signum).name}})
+        relay.request_stop()
+        # A second signal stops at once.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("starting", extra={"fields": {"version": __version__, **_flat(settings.describe())}})
+    try:
+        relay.run()
+    except RelayError as exc:
+        log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
+        return exc.exit_code
+    return 0
+
+
+def _flat(data: dict[str, Any]) -> dict[str, Any]:
+    keep = ("outbox_table", "slot_name", "publication_name", "topic_template", "database_url")
+    return {k: data[k] for k in keep}

@@ -1,0 +1,245 @@
+"""Settings: environment (``CDC_RELAY_*``), a ``.env`` file, then CLI flags, validated at start-up.
+
+Every setting is a field of :class:`Settings`; the CLI builds its flags from these fields, so a new
+setting needs no CLI change. Validation errors are reduced to one line per setting that names the
+environment variable and never echoes the offending value (it may be a secret).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from cdc_relay.errors import ConfigError
+
+ENV_PREFIX = "CDC_RELAY_"
+
+TOPIC_TEMPLATE_FIELDS = frozenset({"aggregate_type", "event_type", "table", "schema"})
+
+# librdkafka properties whose values are credentials; any key containing these fragments is masked.
+_SECRET_KEY_FRAGMENTS = ("password", "secret", "jaas", "oauthbearer.config", ".pem", "token")
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+# Producer properties the relay's guarantees rest on; a user cannot override them.
+_ENFORCED_PRODUCER_PROPERTIES = {"enable.idempotence": "true", "acks": "all"}
+
+
+class PoisonPolicy(StrEnum):
+    """What happens to a record Kafka refuses permanently."""
+
+    DEAD_LETTER = "dead_letter"
+    STOP = "stop"
+
+
+class LogFormat(StrEnum):
+    PLAIN = "plain"
+    JSON = "json"
+
+
+class Settings(BaseSettings):
+    """All of cdc-relay's settings. Field docs double as ``--help`` text and README rows."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    database_url: SecretStr = Field(description="libpq URI of the source database (required).")
+    kafka_bootstrap_servers: str = Field(
+        min_length=1, description="Kafka bootstrap servers, host:port[,host:port] (required)."
+    )
+    outbox_table: str = Field("public.outbox", description="Outbox table, schema-qualified.")
+    slot_name: str = Field("cdc_relay", description="Logical replication slot name.")
+    publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
+    topic_template: str = Field(
+        "outbox.event.{aggregate_type}",
+        description="Kafka topic per event; fields: {aggregate_type} {event_type} {table} {schema}.",
+    )
+    kafka_producer_config: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Extra librdkafka producer properties as a JSON object, e.g. "
+            '{"linger.ms": "5", "security.protocol": "SASL_SSL"}. '
+            "CLI: --kafka-property KEY=VALUE, repeatable."
+        ),
+    )
+    poison_policy: PoisonPolicy = Field(
+        PoisonPolicy.DEAD_LETTER,
+        description="Record Kafka refuses permanently: dead_letter (send to the DLQ topic) or stop.",
+    )
+    dead_letter_topic: str = Field("cdc_relay.dead_letter", description="Dead-letter topic.")
+    state_schema: str = Field(
+        "cdc_relay", description="Schema of the relay-owned table that records the position."
+    )
+    allow_slot_reset: bool = Field(
+        False,
+        description=(
+            "Start even when the slot is missing or ahead of the relay's recorded position "
+            "(accepts that events in the gap are not relayed)."
+        ),
+    )
+    confirm_interval: float = Field(
+        1.0, gt=0, description="Seconds between confirmations of the acknowledged position."
+    )
+    idle_confirm_interval: float = Field(
+        10.0, gt=0, description="Seconds between confirmations that only follow an idle WAL."
+    )
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="Seconds to wait for in-flight deliveries on shutdown."
+    )
+    delivery_stall_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds without any delivery progress before the producer is rebuilt.",
+    )
+    reconnect_max_backoff: float = Field(
+        30.0, gt=0, description="Upper bound of the reconnect backoff, seconds."
+    )
+    producer_queue_max_messages: int = Field(
+        100_000, ge=1, description="Records buffered in the producer before reading pauses."
+    )
+    producer_queue_max_kbytes: int = Field(
+        65_536, ge=1, description="Kilobytes buffered in the producer before reading pauses."
+    )
+    log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
+
+    @field_validator("outbox_table")
+    @classmethod
+    def _qualified_table(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) == 1:
+            parts = ["public", *parts]
+        if len(parts) != 2 or not all(_IDENTIFIER.match(p) for p in parts):
+            raise ValueError("expected schema.table made of plain identifiers")
+        return ".".join(parts)
+
+    @field_validator("slot_name")
+    @classmethod
+    def _slot(cls, value: str) -> str:
+        if not _SLOT_NAME.match(value):
+            raise ValueError("lower-case letters, digits and underscores, at most 63")
+        return value
+
+    @field_validator("publication_name", "state_schema")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("expected a plain identifier")
+        return value
+
+    @field_validator("topic_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        unknown = fields - TOPIC_TEMPLATE_FIELDS
+        if unknown:
+            raise ValueError(
+                f"unknown field(s) {sorted(unknown)}; allowed: {sorted(TOPIC_TEMPLATE_FIELDS)}"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("one of DEBUG, INFO, WARNING, ERROR")
+        return level
+
+    @field_validator("kafka_producer_config", mode="before")
+    @classmethod
+    def _producer_config(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        # JSON numbers and booleans are accepted; librdkafka takes every value as a string.
+        props = {
+            str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()
+        }
+        for key, forced in _ENFORCED_PRODUCER_PROPERTIES.items():
+            if key in props and props[key].lower() != forced:
+                raise ValueError(f"{key} must stay {forced}: ordering and no-loss depend on it")
+        return props
+
+    @property
+    def outbox_schema_and_name(self) -> tuple[str, str]:
+        schema, name = self.outbox_table.split(".")
+        return schema, name
+
+    def producer_config(self) -> dict[str, str]:
+        """The librdkafka configuration: safe defaults, then the user's, then what must hold."""
+        config = {
+            "bootstrap.servers": self.kafka_bootstrap_servers,
+            "linger.ms": "5",
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": str(self.producer_queue_max_messages),
+            "queue.buffering.max.kbytes": str(self.producer_queue_max_kbytes),
+            "message.timeout.ms": "0",  # never give up on a record; stalls are detected instead
+            "client.id": "cdc-relay",
+        }
+        config.update(self.kafka_producer_config)
+        config.update(_ENFORCED_PRODUCER_PROPERTIES)
+        return config
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as safe to log: the URL without password, credentials masked."""
+        data = self.model_dump(mode="json")
+        data["database_url"] = redact_url(self.database_url.get_secret_value())
+        data["kafka_producer_config"] = redact_properties(self.kafka_producer_config)
+        return data
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def redact_url(url: str) -> str:
+    """Drop the password from a libpq URI (and from a ``password=`` key/value string)."""
+    if "://" not in url:
+        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
+    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def is_secret_property(key: str) -> bool:
+    lowered = key.lower()
+    return any(fragment in lowered for fragment in _SECRET_KEY_FRAGMENTS)
+
+
+def redact_properties(props: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if is_secret_property(k) else v) for k, v in props.items()}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings from env/.env plus explicit overrides; invalid input -> one ConfigError."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            reason = "is required" if error["type"] == "missing" else error["msg"]
+            problems.append(f"{env_name(field)}: {reason.removeprefix('Value error, ')}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # Raised when a complex value (a JSON object) cannot be parsed at all.
+        match = re.search(r'field "(\w+)"', str(exc))
+        field = env_name(match.group(1)) if match else "a setting"
+        raise ConfigError(f"invalid configuration: {field}: not valid JSON") from None

@@ -1,0 +1,64 @@
+"""The project's error tree.
+
+Library exceptions (psycopg, confluent-kafka, pydantic) are mapped to these at the adapter boundary,
+so the relay loop reasons about *what to do* (retry, restart the session, stop) rather than about
+which library raised. Messages are written for operators and never contain secrets.
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Base class of every error cdc-relay raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(RelayError):
+    """The configuration is invalid; the message names the setting."""
+
+    exit_code = 2
+
+
+class SourceError(RelayError):
+    """Something about the PostgreSQL side."""
+
+
+class SourceUnavailable(SourceError):
+    """The connection was lost or refused: retry with backoff from the confirmed position."""
+
+
+class SourceSetupError(SourceError):
+    """A prerequisite is missing (wal_level, privilege, table, publication): an operator must act."""
+
+    exit_code = 3
+
+
+class SlotInUse(SourceSetupError):
+    """Another process streams from the replication slot."""
+
+
+class PositionMismatch(SourceError):
+    """The slot and the relay's own record of its position disagree in a way that can lose events."""
+
+    exit_code = 4
+
+
+class SinkError(RelayError):
+    """Something about the Kafka side."""
+
+
+class SinkUnavailable(SinkError):
+    """Deliveries fail transiently or make no progress: rebuild the producer and resume."""
+
+
+class PoisonRecordError(SinkError):
+    """A record Kafka refuses permanently, under the ``stop`` policy."""
+
+    exit_code = 5
+
+
+class ProtocolError(SourceError):
+    """The server sent something the relay cannot interpret; stopping is the only safe choice."""
+
+    exit_code = 6

@@ -1,0 +1,151 @@
+"""Outbox mapping: a decoded outbox row becomes a Kafka record (topic, key, value, headers).
+
+The contract: topic = the template applied to the row; key = ``aggregate_id`` (UTF-8); value =
+``payload`` (the jsonb's text form, already valid JSON, passed through unparsed); headers ``id``,
+``event_type``, ``aggregate_type``, then each top-level entry of the ``headers`` column (strings as
+they are, other JSON values as their JSON text). A row that cannot be mapped raises
+:class:`MalformedEvent`, which the relay dead-letters instead of dropping.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import orjson
+
+from cdc_relay.pgoutput import Relation, TupleData, UnchangedToast
+
+ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD, HEADERS = (
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "headers",
+)
+_REQUIRED = (ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD)
+_TOPIC_CACHE_LIMIT = 4096
+
+
+class OutboxRecord(NamedTuple):
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    event_id: str
+
+
+class MalformedEvent(ValueError):
+    """The row does not satisfy the outbox contract; ``event_id`` is set when it could be read."""
+
+    def __init__(self, reason: str, event_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.event_id = event_id
+
+
+class OutboxMapping:
+    """The column positions of one outbox relation, resolved once per Relation message."""
+
+    def __init__(self, relation: Relation, topic_template: str) -> None:
+        self.relation = relation
+        self.table = f"{relation.namespace}.{relation.name}"
+        positions = {column.name: i for i, column in enumerate(relation.columns)}
+        self.missing = [name for name in _REQUIRED if name not in positions]
+        self._positions = positions
+        self._template = topic_template
+        self._topics: dict[tuple[bytes, bytes], str] = {}
+        if not self.missing:
+            self._id = positions[ID]
+            self._aggregate_type = positions[AGGREGATE_TYPE]
+            self._aggregate_id = positions[AGGREGATE_ID]
+            self._event_type = positions[EVENT_TYPE]
+            self._payload = positions[PAYLOAD]
+        self._headers = positions.get(HEADERS)
+
+    def map(self, row: TupleData) -> OutboxRecord:
+        if self.missing:
+            raise MalformedEvent(
+                f"{self.table} has no column(s) {', '.join(self.missing)}", self._event_id(row)
+            )
+        event_id = _text(row, self._id, ID, None)
+        aggregate_type = _required(row, self._aggregate_type, AGGREGATE_TYPE, event_id)
+        aggregate_id = _required(row, self._aggregate_id, AGGREGATE_ID, event_id)
+        event_type = _required(row, self._event_type, EVENT_TYPE, event_id)
+        payload = _required(row, self._payload, PAYLOAD, event_id)
+        headers: list[tuple[str, bytes]] = [
+            ("id", event_id.encode()),
+            ("event_type", event_type),
+            ("aggregate_type", aggregate_type),
+        ]
+        if self._headers is not None:
+            extra = row[self._headers]
+            if isinstance(extra, bytes):
+                headers.extend(_header_entries(extra, event_id))
+        return OutboxRecord(
+            self._topic(aggregate_type, event_type), aggregate_id, payload, headers, event_id
+        )
+
+    def describe_row(self, row: TupleData) -> bytes:
+        """The row as a JSON object of column texts, for a dead-letter record."""
+        named = {}
+        for column, value in zip(self.relation.columns, row, strict=False):
+            if isinstance(value, bytes):
+                named[column.name] = value.decode("utf-8", "replace")
+            elif isinstance(value, UnchangedToast):
+                named[column.name] = "<unchanged toast>"
+            else:
+                named[column.name] = None
+        return orjson.dumps(named)
+
+    def _event_id(self, row: TupleData) -> str | None:
+        index = self._positions.get(ID)
+        value = row[index] if index is not None and index < len(row) else None
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
+
+    def _topic(self, aggregate_type: bytes, event_type: bytes) -> str:
+        cache_key = (aggregate_type, event_type)
+        topic = self._topics.get(cache_key)
+        if topic is None:
+            topic = self._template.format(
+                aggregate_type=aggregate_type.decode(),
+                event_type=event_type.decode(),
+                table=self.relation.name,
+                schema=self.relation.namespace,
+            )
+            if len(self._topics) >= _TOPIC_CACHE_LIMIT:
+                self._topics.clear()
+            self._topics[cache_key] = topic
+        return topic
+
+
+def _required(row: TupleData, index: int, name: str, event_id: str) -> bytes:
+    value = row[index] if index < len(row) else None
+    if not isinstance(value, bytes):
+        raise MalformedEvent(f"column {name} is {_describe(value)}", event_id)
+    return value
+
+
+def _text(row: TupleData, index: int, name: str, event_id: str | None) -> str:
+    value = row[index] if index < len(row) else None
+    if not isinstance(value, bytes):
+        raise MalformedEvent(f"column {name} is {_describe(value)}", event_id)
+    return value.decode()
+
+
+def _describe(value: object) -> str:
+    return "NULL" if value is None else "an unchanged TOAST value"
+
+
+def _header_entries(raw: bytes, event_id: str) -> list[tuple[str, bytes]]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise MalformedEvent("column headers is not valid JSON", event_id) from None
+    if parsed is None:
+        return []
+    if not isinstance(parsed, dict):
+        raise MalformedEvent("column headers must be a JSON object", event_id)
+    return [
+        (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
+        for name, value in parsed.items()
+    ]

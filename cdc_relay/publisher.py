@@ -1,0 +1,167 @@
+"""The Kafka side: an idempotent confluent-kafka producer and the accounting of its deliveries.
+
+confluent-kafka reports each record's fate in a delivery callback served by ``poll()``. Successes
+decrement their transaction's pending count (see :mod:`cdc_relay.watermark`); failures are queued
+and classified here as *permanent* for that record (dead-letter or stop) or *transient* (rebuild and
+resume). librdkafka exceptions do not leave this module except as the project's own errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from cdc_relay.errors import SinkUnavailable
+from cdc_relay.watermark import PendingTransaction
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[Any, Any], None]
+
+# Errors that concern one record and will not go away by retrying it.
+PERMANENT_ERRORS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._INVALID_ARG,
+    }
+)
+_SIZE_ERRORS = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+)
+# Our own teardown: the records are re-sent by the next session.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+_ERROR_LOG_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """A record Kafka did not accept, with enough context to dead-letter it."""
+
+    txn: PendingTransaction
+    table: str
+    dead_letter: bool  # the failed record was itself a dead-letter record
+    code: int
+    reason: str
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+    @property
+    def permanent(self) -> bool:
+        return self.code in PERMANENT_ERRORS
+
+    @property
+    def too_large(self) -> bool:
+        return self.code in _SIZE_ERRORS
+
+
+@dataclass
+class DeliveryTracker:
+    """Counts acknowledgements and collects failures; callbacks only touch plain attributes."""
+
+    delivered: int = 0
+    dead_lettered: int = 0
+    failures: list[DeliveryFailure] = field(default_factory=list)
+
+    def callback(
+        self, txn: PendingTransaction, table: str, dead_letter: bool = False
+    ) -> DeliveryCallback:
+        failures = self.failures
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is None:
+                txn.pending -= 1
+                if dead_letter:
+                    self.dead_lettered += 1
+                else:
+                    self.delivered += 1
+            elif err.code() not in _PURGED:
+                failures.append(
+                    DeliveryFailure(
+                        txn, table, dead_letter, err.code(), err.str(), msg.topic(),
+                        msg.key(), msg.value(), list(msg.headers() or ()),
+                    )
+                )
+
+        return on_delivery
+
+    def take_failures(self) -> list[DeliveryFailure]:
+        failures = self.failures[:]
+        self.failures.clear()
+        return failures
+
+
+class ProduceRefused(Exception):
+    """librdkafka refused a record synchronously (e.g. larger than message.max.bytes)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+    @property
+    def permanent(self) -> bool:
+        return self.code in PERMANENT_ERRORS
+
+
+class Publisher:
+    """A thin, typed wrapper of one idempotent Producer."""
+
+    def __init__(self, config: dict[str, str]) -> None:
+        self._last_error_log = 0.0
+        self.fatal_error: str | None = None
+        self.broker_down = False
+        self._producer = Producer({**config, "error_cb": self._on_error})
+        # Bound once: these sit on the hot path.
+        self.produce_raw = self._producer.produce
+        self.poll = self._producer.poll
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """Queue one record. BufferError means the queue is full: poll, then try again."""
+        try:
+            self.produce_raw(topic, value, key, headers=headers, on_delivery=on_delivery)
+        except KafkaException as exc:
+            error = exc.args[0]
+            raise ProduceRefused(error.code(), error.str()) from None
+
+    def in_flight(self) -> int:
+        return len(self._producer)
+
+    def check_fatal(self) -> None:
+        if self.fatal_error is not None:
+            raise SinkUnavailable(f"the Kafka producer failed fatally: {self.fatal_error}")
+
+    def close(self, purge: bool) -> None:
+        """Purge (records will be re-sent by the next session) or just drop the producer."""
+        if purge:
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.poll(0)
+        self._producer.flush(0)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal_error = err.str()
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            self.broker_down = err.code() == KafkaError._ALL_BROKERS_DOWN or self.broker_down
+        now = time.monotonic()
+        if err.fatal() or now - self._last_error_log >= _ERROR_LOG_INTERVAL:
+            self._last_error_log = now
+            log.warning("kafka client error", extra={"fields": {"error": err.str(), "code": err.name()}})

@@ -1,0 +1,555 @@
+"""The relay loop: replication stream -> pgoutput decoder -> outbox mapping -> Kafka -> checkpoint.
+
+One *session* is one replication connection. It starts at the relay's acknowledged position, reads
+messages in commit order, publishes every outbox insert, and periodically confirms the contiguous
+watermark (first to the relay's own record, then to the slot). A lost PostgreSQL connection or a
+Kafka producer that stops making progress ends the session; the next one starts, after a backoff,
+from the position everything before which Kafka acknowledged — so a failure costs duplicates of the
+unconfirmed tail at most, never a lost event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
+from cdc_relay.config import PoisonPolicy, Settings
+from cdc_relay.errors import (
+    PoisonRecordError,
+    ProtocolError,
+    RelayError,
+    SinkUnavailable,
+    SlotInUse,
+    SourceUnavailable,
+)
+from cdc_relay.lsn import format_lsn
+from cdc_relay.outbox import MalformedEvent, OutboxMapping
+from cdc_relay.pgoutput import (
+    Begin,
+    Commit,
+    DecodeError,
+    Insert,
+    PgOutputDecoder,
+    Relation,
+    StreamStart,
+)
+from cdc_relay.publisher import DeliveryCallback, DeliveryFailure, DeliveryTracker, ProduceRefused, Publisher
+from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, XLOG_DATA_HEADER
+from cdc_relay.replication.source import SourceDatabase, connect
+from cdc_relay.replication.stream import ReplicationStream
+from cdc_relay.watermark import PendingTransaction, Watermark
+
+log = logging.getLogger(__name__)
+
+PROTO_VERSION = "1"
+READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
+POLL_EVERY = 256  # messages between producer polls while streaming
+STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sender_timeout)
+STALL_WARNING_AFTER = 10.0
+IDLE_CONFIRM_MIN_BYTES = 64 * 1024  # keeps our own position writes from confirming themselves
+_XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
+_KEEPALIVE_WAL_END = slice(1, 9)
+
+
+class _Stopping(Exception):
+    """Raised inside a session when a stop was requested; unwinds to the shutdown path."""
+
+
+@dataclass
+class RelayStats:
+    published: int = 0
+    dead_lettered: int = 0
+    transactions: int = 0
+    sessions: int = 0
+    confirmed_lsn: int = 0
+
+
+class Relay:
+    """Runs sessions until asked to stop; raises a RelayError for conditions it cannot fix."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stats = RelayStats()
+        self._stop = threading.Event()
+        self._stopping = False
+        self._fatal: RelayError | None = None
+        self._confirmed: int | None = None  # acknowledged position carried across sessions
+        self._publisher: Publisher | None = None
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler: the loop notices within one read timeout."""
+        self._stopping = True
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def fail(self, error: RelayError) -> None:
+        """Stop after the current session's clean shutdown, then raise ``error`` from run()."""
+        self._fatal = error
+        self.request_stop()
+
+    def run(self) -> None:
+        backoff = 0.5
+        first = True
+        try:
+            while not self._stopping:
+                try:
+                    self._session()
+                    backoff = 0.5
+                except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
+                    if first and isinstance(exc, SlotInUse):
+                        raise
+                    if isinstance(exc, SinkUnavailable):
+                        self._drop_publisher(purge=True)
+                    log.warning(
+                        "session ended, resuming from the confirmed position",
+                        extra={"fields": {
+                            "reason": str(exc),
+                            "retry_in_s": round(backoff, 2),
+                            "resume_lsn": format_lsn(self._confirmed or 0),
+                        }},
+                    )
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, self.settings.reconnect_max_backoff)
+                first = False
+        finally:
+            self._drop_publisher(purge=False)
+        if self._fatal is not None:
+            raise self._fatal
+
+    # -- one session -----------------------------------------------------------------------
+
+    def _session(self) -> None:
+        settings = self.settings
+        url = settings.database_url.get_secret_value()
+        with connect(url) as conn:
+            start = self._prepare(conn)
+            store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+            if self._publisher is None:
+                self._publisher = Publisher(settings.producer_config())
+            stream = ReplicationStream(
+                url,
+                settings.slot_name,
+                start,
+                {
+                    "proto_version": PROTO_VERSION,
+                    "publication_names": f'"{settings.publication_name}"',
+                },
+            )
+            stream.open()
+            self.stats.sessions += 1
+            log.info(
+                "streaming",
+                extra={"fields": {"slot": settings.slot_name, "start_lsn": format_lsn(start)}},
+            )
+            session = _Session(self, stream, store, self._publisher, start)
+            try:
+                session.stream()
+            except _Stopping:
+                session.shutdown()
+            except SourceUnavailable:
+                # Deliveries still in flight count toward the position the next session resumes at.
+                session.drain()
+                raise
+            finally:
+                self._confirmed = session.watermark.advance()
+                stream.close()
+
+    def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
+        """Check the database, create what is missing, and decide where to start."""
+        settings = self.settings
+        source = SourceDatabase(
+            conn, settings.outbox_schema_and_name, settings.publication_name, settings.slot_name
+        )
+        source.preflight()
+        if source.ensure_publication():
+            log.info("created publication", extra={"fields": {"publication": settings.publication_name}})
+        store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        store.ensure_table()
+        recorded = store.load()
+        if self._confirmed is not None and (recorded is None or self._confirmed > recorded):
+            # What the previous session had acknowledged but not yet recorded.
+            store.save(self._confirmed)
+            recorded = self._confirmed
+        slot = source.slot()
+        if slot is None:
+            warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
+            slot = source.create_slot()
+            log.info("created replication slot", extra={"fields": {"slot": slot.name}})
+            start, recorded = slot.confirmed_flush or 0, None
+        else:
+            source.check_slot(slot)
+            start, warning = resolve_start(
+                settings.slot_name, slot.confirmed_flush or 0, recorded, settings.allow_slot_reset
+            )
+        if warning:
+            log.warning(warning)
+        if recorded != start:
+            store.save(start)
+        self.stats.confirmed_lsn = start
+        return start
+
+    def _drop_publisher(self, purge: bool) -> None:
+        if self._publisher is not None:
+            self._publisher.close(purge=purge)
+            self._publisher = None
+
+
+class _Session:
+    """State of one replication connection; the hot loop lives in :meth:`stream`."""
+
+    def __init__(
+        self,
+        relay: Relay,
+        stream: ReplicationStream,
+        store: PostgresCheckpointStore,
+        publisher: Publisher,
+        start: int,
+    ) -> None:
+        self.relay = relay
+        self.settings = relay.settings
+        self.stream_conn = stream
+        self.store = store
+        self.publisher = publisher
+        self.watermark = Watermark(start)
+        self.tracker = DeliveryTracker()
+        self.decoder = PgOutputDecoder()
+        schema, table = self.settings.outbox_schema_and_name
+        self.outbox_name = (schema, table)
+        self.mappings: dict[int, OutboxMapping] = {}
+        self.ignored_relations: set[int] = set()
+        self.received = start  # highest WAL position seen, reported as "written"
+        self.sent_flush = start  # what the slot was last told
+        now = time.monotonic()
+        self.last_status = now
+        self.last_confirm = now
+        self.last_progress = now
+        self.last_stall_warning = now
+        self.delivered_at_last_check = 0
+        self.delivered_at_confirm = 0
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def stream(self) -> None:
+        relay = self.relay
+        read = self.stream_conn.read
+        decode = self.decoder.decode
+        watermark = self.watermark
+        txn: PendingTransaction | None = None
+        callback: DeliveryCallback | None = None
+        callback_table = ""
+        counter = 0
+        while True:
+            if relay.stopping:
+                raise _Stopping
+            data = read(READ_TIMEOUT)
+            if data is None:
+                self.housekeeping(txn is None)
+                continue
+            kind = data[0]
+            if kind == XLOG_DATA:
+                try:
+                    message = decode(data[_XLOG_PAYLOAD:])
+                except DecodeError as exc:
+                    raise ProtocolError(f"cannot decode a pgoutput message: {exc}") from None
+                if isinstance(message, Insert):
+                    mapping = self.mappings.get(message.relation_id)
+                    if mapping is not None and txn is not None:
+                        if callback is None or callback_table is not mapping.table:
+                            callback = self.tracker.callback(txn, mapping.table)
+                            callback_table = mapping.table
+                        self.publish(mapping, message, txn, callback)
+                    else:
+                        self.ignore(message.relation_id)
+                elif isinstance(message, Begin):
+                    txn = watermark.open(message.final_lsn)
+                    callback = None
+                elif isinstance(message, Commit):
+                    if txn is None:
+                        raise ProtocolError("Commit without Begin in the replication stream")
+                    watermark.seal(txn, message.end_lsn)
+                    relay.stats.transactions += 1
+                    txn = None
+                    callback = None
+                    if message.end_lsn > self.received:
+                        self.received = message.end_lsn
+                elif isinstance(message, Relation):
+                    self.on_relation(message)
+                elif isinstance(message, StreamStart):
+                    raise ProtocolError("received a streamed transaction, but streaming is off")
+                # Origin, Type, Update, Delete, Truncate, Message: nothing to relay.
+                counter += 1
+                if counter >= POLL_EVERY:
+                    counter = 0
+                    self.housekeeping(txn is None)
+            elif kind == PRIMARY_KEEPALIVE:
+                wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
+                if wal_end > self.received:
+                    self.received = wal_end
+                if txn is None:
+                    watermark.idle(wal_end)
+                self.housekeeping(txn is None, reply=bool(data[17]))
+            else:
+                raise ProtocolError(f"unknown replication message type {kind:#04x}")
+
+    def on_relation(self, relation: Relation) -> None:
+        if (relation.namespace, relation.name) != self.outbox_name:
+            self.mappings.pop(relation.relation_id, None)
+            return
+        mapping = OutboxMapping(relation, self.settings.topic_template)
+        if mapping.missing:
+            log.error(
+                "outbox table lacks required columns; its rows will be dead-lettered",
+                extra={"fields": {"table": mapping.table, "missing": ",".join(mapping.missing)}},
+            )
+        self.mappings[relation.relation_id] = mapping
+
+    def ignore(self, relation_id: int) -> None:
+        if relation_id not in self.ignored_relations:
+            self.ignored_relations.add(relation_id)
+            log.warning(
+                "ignoring inserts of a relation that is not the outbox table",
+                extra={"fields": {"relation_id": relation_id}},
+            )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(
+        self,
+        mapping: OutboxMapping,
+        message: Insert,
+        txn: PendingTransaction,
+        callback: DeliveryCallback,
+    ) -> None:
+        try:
+            record = mapping.map(message.new)
+        except MalformedEvent as exc:
+            self.poison(
+                txn, mapping.table, str(exc), "MALFORMED_OUTBOX_ROW", exc.event_id, None,
+                None, mapping.describe_row(message.new), [],
+            )
+            return
+        while True:
+            try:
+                self.publisher.produce_raw(
+                    record.topic, record.value, record.key,
+                    headers=record.headers, on_delivery=callback,
+                )
+                txn.pending += 1
+                return
+            except BufferError:
+                self.wait_for_room()
+            except Exception as exc:  # KafkaException, mapped below
+                refused = _refusal(exc)
+                if not refused.permanent:
+                    raise SinkUnavailable(f"producing failed: {refused.reason}") from None
+                self.poison(
+                    txn, mapping.table, refused.reason, _error_name(refused.code),
+                    record.event_id, record.topic, record.key, record.value, record.headers,
+                    too_large=refused.code in (10, 18),
+                )
+                return
+
+    def poison(
+        self,
+        txn: PendingTransaction,
+        table: str,
+        reason: str,
+        code: str,
+        event_id: str | None,
+        topic: str | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        too_large: bool = False,
+    ) -> None:
+        """A record that can never be delivered as it is: dead-letter it, or stop."""
+        settings = self.settings
+        fields = {
+            "event_id": event_id,
+            "table": table,
+            "commit_lsn": format_lsn(txn.commit_lsn),
+            "topic": topic,
+            "error": reason,
+        }
+        if settings.poison_policy is PoisonPolicy.STOP:
+            # The transaction can never complete, so the watermark never passes it.
+            txn.pending += 1
+            log.error("poison record, stopping (poison policy: stop)", extra={"fields": fields})
+            self.relay.fail(PoisonRecordError(
+                f"Kafka refused event {event_id} of {table} at commit {format_lsn(txn.commit_lsn)}"
+                f" for topic {topic!r}: {reason}. The relay stopped without confirming past it "
+                "(CDC_RELAY_POISON_POLICY=stop)"
+            ))
+            raise _Stopping
+        dlq_headers = [
+            *headers,
+            ("cdc_relay.error", reason.encode()),
+            ("cdc_relay.error_code", code.encode()),
+            ("cdc_relay.commit_lsn", format_lsn(txn.commit_lsn).encode()),
+            ("cdc_relay.table", table.encode()),
+            ("cdc_relay.event_id", (event_id or "").encode()),
+            ("cdc_relay.topic", (topic or "").encode()),
+        ]
+        if too_large and value is not None:
+            dlq_headers.append(("cdc_relay.value_size", str(len(value)).encode()))
+            value = None  # it cannot travel; the header says how large it was
+        log.error("poison record sent to the dead-letter topic", extra={"fields": fields})
+        on_delivery = self.tracker.callback(txn, table, dead_letter=True)
+        while True:
+            try:
+                self.publisher.produce(settings.dead_letter_topic, value, key, dlq_headers, on_delivery)
+                txn.pending += 1
+                return
+            except BufferError:
+                self.publisher.poll(0.05)
+            except ProduceRefused as exc:
+                raise SinkUnavailable(
+                    f"cannot write to the dead-letter topic {settings.dead_letter_topic!r}: "
+                    f"{exc.reason}"
+                ) from None
+
+    def handle_failures(self) -> None:
+        for failure in self.tracker.take_failures():
+            self.on_failure(failure)
+
+    def on_failure(self, failure: DeliveryFailure) -> None:
+        if failure.dead_letter:
+            raise SinkUnavailable(
+                f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
+            )
+        if not failure.permanent:
+            raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
+        # The original produce counted one pending delivery; the dead-letter record takes it over.
+        failure.txn.pending -= 1
+        event_id = next((v.decode() for k, v in failure.headers if k == "id"), None)
+        self.poison(
+            failure.txn, failure.table, failure.reason, _error_name(failure.code), event_id,
+            failure.topic, failure.key, failure.value, failure.headers, failure.too_large,
+        )
+
+    def wait_for_room(self) -> None:
+        """Backpressure: the producer queue is full, so stop reading until deliveries drain."""
+        self.publisher.poll(0.05)
+        self.handle_failures()
+        self.housekeeping(at_boundary=False)
+        if self.relay.stopping:
+            raise _Stopping
+
+    # -- periodic work -----------------------------------------------------------------------
+
+    def housekeeping(self, at_boundary: bool, reply: bool = False) -> None:
+        """Serve delivery callbacks, detect stalls, confirm the watermark, keep the slot alive."""
+        publisher = self.publisher
+        publisher.poll(0)
+        if self.tracker.failures:
+            self.handle_failures()
+        publisher.check_fatal()
+        now = time.monotonic()
+        self.check_progress(now)
+        confirmed = self.watermark.advance()
+        if confirmed > self.sent_flush:
+            published = self.tracker.delivered + self.tracker.dead_lettered
+            if published != self.delivered_at_confirm:
+                due = now - self.last_confirm >= self.settings.confirm_interval
+            else:
+                due = (
+                    now - self.last_confirm >= self.settings.idle_confirm_interval
+                    and confirmed - self.sent_flush >= IDLE_CONFIRM_MIN_BYTES
+                )
+            if due:
+                self.delivered_at_confirm = published
+                self.confirm(confirmed)
+                return
+        if reply or now - self.last_status >= STATUS_INTERVAL:
+            self.send_status()
+
+    def check_progress(self, now: float) -> None:
+        in_flight = self.publisher.in_flight()
+        delivered = self.tracker.delivered + self.tracker.dead_lettered
+        if in_flight == 0 or delivered != self.delivered_at_last_check:
+            self.delivered_at_last_check = delivered
+            self.last_progress = now
+            return
+        stalled = now - self.last_progress
+        if stalled >= self.settings.delivery_stall_timeout:
+            raise SinkUnavailable(
+                f"no Kafka delivery progress for {stalled:.0f}s with {in_flight} records in "
+                "flight; rebuilding the producer"
+            )
+        if stalled >= STALL_WARNING_AFTER and now - self.last_stall_warning >= STALL_WARNING_AFTER:
+            self.last_stall_warning = now
+            log.warning(
+                "Kafka is not acknowledging records; broker unreachable?",
+                extra={"fields": {"in_flight": in_flight, "stalled_s": round(stalled, 1)}},
+            )
+
+    def confirm(self, lsn: int) -> None:
+        """Record the position, then tell the slot: the record must never be behind the slot."""
+        self.store.save(lsn)
+        self.sent_flush = lsn
+        self.relay.stats.confirmed_lsn = lsn
+        self.relay._confirmed = lsn
+        self.last_confirm = time.monotonic()
+        self.send_status()
+        log.debug("confirmed", extra={"fields": {"lsn": format_lsn(lsn)}})
+
+    def send_status(self) -> None:
+        self.stream_conn.send_status(max(self.received, self.sent_flush), self.sent_flush)
+        self.last_status = time.monotonic()
+
+    def drain(self) -> None:
+        """Wait (bounded by the shutdown timeout) until the producer has nothing in flight."""
+        deadline = time.monotonic() + self.settings.shutdown_timeout
+        publisher = self.publisher
+        try:
+            while publisher.in_flight() > 0 and time.monotonic() < deadline:
+                publisher.poll(0.1)
+                if self.tracker.failures:
+                    self.handle_failures()
+        except (SinkUnavailable, _Stopping) as exc:
+            log.error("deliveries failed while draining", extra={"fields": {"error": str(exc)}})
+
+    def shutdown(self) -> None:
+        """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
+        self.drain()
+        publisher = self.publisher
+        confirmed = self.watermark.advance()
+        if confirmed > self.sent_flush:
+            try:
+                self.confirm(confirmed)
+            except (SourceUnavailable, psycopg.Error) as exc:
+                log.warning("could not confirm on shutdown", extra={"fields": {"error": str(exc)}})
+        remaining = publisher.in_flight()
+        log.info(
+            "stopped",
+            extra={"fields": {
+                "confirmed_lsn": format_lsn(self.sent_flush),
+                "published": self.tracker.delivered,
+                "dead_lettered": self.tracker.dead_lettered,
+                "unacknowledged": remaining,
+            }},
+        )
+
+
+def _refusal(exc: Exception) -> ProduceRefused:
+    error = exc.args[0] if exc.args else None
+    if hasattr(error, "code") and hasattr(error, "str"):
+        return ProduceRefused(error.code(), error.str())
+    return ProduceRefused(-1, str(exc))
+
+
+def _error_name(code: int) -> str:
+    from confluent_kafka import KafkaError
+
+    try:
+        return str(KafkaError(code).name())
+    except Exception:  # an unknown code still gets a name
+        return str(code)

@@ -1,0 +1,197 @@
+"""Prepare and inspect the source database: preflight checks, the publication, the slot.
+
+Everything here runs on an ordinary (non-replication) connection. Each failed prerequisite becomes a
+:class:`SourceSetupError` whose message says what to run to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from cdc_relay.errors import SlotInUse, SourceSetupError, SourceUnavailable
+from cdc_relay.lsn import parse_lsn
+from cdc_relay.replication.stream import APPLICATION_NAME
+
+MIN_SERVER_VERSION = 140000
+PLUGIN = "pgoutput"
+REQUIRED_COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
+
+
+@dataclass(frozen=True)
+class SlotState:
+    name: str
+    plugin: str
+    database: str
+    active_pid: int | None
+    confirmed_flush: int | None
+
+
+def connect(database_url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """An autocommit connection; connection failures become SourceUnavailable / SetupError."""
+    try:
+        return psycopg.connect(
+            database_url, autocommit=True, application_name=APPLICATION_NAME, connect_timeout=10
+        )
+    except psycopg.OperationalError as exc:
+        message = str(exc).strip()
+        if "password authentication failed" in message or "does not exist" in message:
+            raise SourceSetupError(f"cannot connect to PostgreSQL: {message}") from None
+        raise SourceUnavailable(f"cannot connect to PostgreSQL: {message}") from None
+
+
+class SourceDatabase:
+    """The checks and DDL the relay needs before it can stream."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        outbox_table: tuple[str, str],
+        publication_name: str,
+        slot_name: str,
+    ) -> None:
+        self._conn = conn
+        self._schema, self._table = outbox_table
+        self._publication = publication_name
+        self._slot = slot_name
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self._schema}.{self._table}"
+
+    def _scalar(self, query: sql.Composable | str, *params: object) -> object:
+        row = self._conn.execute(query, params or None).fetchone()  # type: ignore[arg-type]
+        return row[0] if row else None
+
+    def preflight(self) -> None:
+        """Server version, wal_level, REPLICATION privilege, the outbox table and its columns."""
+        version = int(str(self._scalar("SHOW server_version_num")))
+        if version < MIN_SERVER_VERSION:
+            raise SourceSetupError(
+                f"PostgreSQL {version // 10000} is too old: cdc-relay needs 14 or newer"
+            )
+        wal_level = self._scalar("SHOW wal_level")
+        if wal_level != "logical":
+            raise SourceSetupError(
+                f"wal_level is {wal_level!r}, logical replication needs 'logical': run "
+                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"
+            )
+        can_replicate = self._scalar(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        )
+        if not can_replicate:
+            user = self._scalar("SELECT current_user")
+            raise SourceSetupError(
+                f"role {user!r} may not stream the WAL: run ALTER ROLE {user} WITH REPLICATION"
+            )
+        if self._scalar("SELECT to_regclass(%s)", self.qualified_table) is None:
+            raise SourceSetupError(
+                f"outbox table {self.qualified_table} does not exist: create it with "
+                "sql/001_outbox.sql (or set CDC_RELAY_OUTBOX_TABLE)"
+            )
+        rows = self._conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+            "AND attnum > 0 AND NOT attisdropped",
+            (self.qualified_table,),
+        ).fetchall()
+        missing = sorted(set(REQUIRED_COLUMNS) - {str(r[0]) for r in rows})
+        if missing:
+            raise SourceSetupError(
+                f"outbox table {self.qualified_table} lacks column(s) {', '.join(missing)}"
+            )
+
+    def ensure_publication(self) -> bool:
+        """Create the insert-only publication of the outbox table if missing. True if created."""
+        exists = self._scalar(
+            "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
+        )
+        if exists is None:
+            statement = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')")
+            try:
+                self._conn.execute(
+                    statement.format(
+                        sql.Identifier(self._publication),
+                        sql.Identifier(self._schema, self._table),
+                    )
+                )
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise SourceSetupError(
+                    f"cannot create publication {self._publication}: {exc.diag.message_primary}. "
+                    f"Ask the table owner to run: CREATE PUBLICATION {self._publication} FOR TABLE "
+                    f"{self.qualified_table} WITH (publish = 'insert')"
+                ) from None
+            return True
+        if not exists:
+            raise SourceSetupError(f"publication {self._publication} does not publish inserts")
+        covered = self._scalar(
+            "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s "
+            "AND tablename = %s",
+            self._publication,
+            self._schema,
+            self._table,
+        )
+        if covered is None:
+            raise SourceSetupError(
+                f"publication {self._publication} exists but does not include "
+                f"{self.qualified_table}: run ALTER PUBLICATION {self._publication} ADD TABLE "
+                f"{self.qualified_table}"
+            )
+        return False
+
+    def slot(self) -> SlotState | None:
+        row = self._conn.execute(
+            "SELECT slot_name, plugin, database, active_pid, confirmed_flush_lsn::text "
+            "FROM pg_replication_slots WHERE slot_name = %s",
+            (self._slot,),
+        ).fetchone()
+        if row is None:
+            return None
+        name, plugin, database, pid, confirmed = row
+        return SlotState(
+            name=str(name),
+            plugin=str(plugin),
+            database=str(database),
+            active_pid=int(str(pid)) if pid is not None else None,
+            confirmed_flush=parse_lsn(str(confirmed)) if confirmed is not None else None,
+        )
+
+    def check_slot(self, slot: SlotState) -> None:
+        """The slot must be logical, pgoutput, in this database, and not held by someone else."""
+        here = self._scalar("SELECT current_database()")
+        if slot.plugin != PLUGIN or slot.database != here:
+            raise SourceSetupError(
+                f"replication slot {slot.name!r} exists but is for plugin {slot.plugin!r} in "
+                f"database {slot.database!r}; cdc-relay needs {PLUGIN!r} in {here!r}: drop it or "
+                "choose another CDC_RELAY_SLOT_NAME"
+            )
+        if slot.active_pid is not None:
+            raise SlotInUse(
+                f"replication slot {slot.name!r} is in use by process {slot.active_pid}: another "
+                "relay may be running. Stop it, or give this relay its own CDC_RELAY_SLOT_NAME"
+            )
+
+    def create_slot(self) -> SlotState:
+        try:
+            self._conn.execute(
+                "SELECT pg_create_logical_replication_slot(%s, %s)", (self._slot, PLUGIN)
+            )
+        except psycopg.errors.DuplicateObject:
+            pass  # created concurrently; the checks below decide whether it is usable
+        except psycopg.errors.ConfigurationLimitExceeded as exc:
+            raise SourceSetupError(
+                f"cannot create replication slot {self._slot!r}: {exc.diag.message_primary}. "
+                "Raise max_replication_slots or drop an unused slot"
+            ) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise SourceSetupError(
+                f"cannot create replication slot: {exc.diag.message_primary}"
+            ) from None
+        slot = self.slot()
+        if slot is None:
+            raise SourceSetupError(f"replication slot {self._slot!r} vanished after creation")
+        return slot
+
+    def current_wal_lsn(self) -> int:
+        return parse_lsn(str(self._scalar("SELECT pg_current_wal_lsn()::text")))

@@ -1,0 +1,169 @@
+"""The replication connection: START_REPLICATION over psycopg's libpq layer, CopyBoth in and out.
+
+psycopg 3 has no replication API, but its ``pq.PGconn`` exposes the libpq calls the protocol needs.
+This module is the only place that touches that connection; libpq/psycopg failures leave it as
+:class:`SourceUnavailable` (retry) or :class:`SourceSetupError` (an operator must act).
+"""
+
+from __future__ import annotations
+
+import select
+
+import psycopg
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+
+from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
+from cdc_relay.lsn import format_lsn
+from cdc_relay.replication.protocol import standby_status_update
+
+APPLICATION_NAME = "cdc-relay"
+
+# SQLSTATEs that mean "fix the setup", as opposed to "try again".
+_SETUP_SQLSTATES = {
+    "42704": "does not exist",  # undefined_object: slot or publication
+    "42501": "insufficient privilege",
+    "55000": "prerequisite missing",  # object_not_in_prerequisite_state, e.g. wal_level
+    "28000": "authentication/authorization",
+    "28P01": "authentication failed",
+    "3D000": "database does not exist",
+}
+_OBJECT_IN_USE = "55006"
+
+
+def replication_conninfo(database_url: str) -> str:
+    return make_conninfo(
+        database_url,
+        replication="database",
+        application_name=APPLICATION_NAME,
+        client_encoding="UTF8",
+    )
+
+
+class ReplicationStream:
+    """One streaming session of a logical slot, from ``start_lsn``."""
+
+    def __init__(
+        self,
+        database_url: str,
+        slot_name: str,
+        start_lsn: int,
+        plugin_options: dict[str, str],
+        connect_timeout: int = 10,
+    ) -> None:
+        self._conninfo = make_conninfo(
+            replication_conninfo(database_url), connect_timeout=str(connect_timeout)
+        )
+        self._slot_name = slot_name
+        self._start_lsn = start_lsn
+        self._options = plugin_options
+        self._conn: pq.abc.PGconn | None = None
+
+    def open(self) -> None:
+        conn = pq.PGconn.connect(self._conninfo.encode())
+        if conn.status != pq.ConnStatus.OK:
+            message = _text(conn.get_error_message())
+            conn.finish()
+            _raise_for_connect(message)
+        options = ", ".join(f"{k} '{v}'" for k, v in self._options.items())
+        command = (
+            f'START_REPLICATION SLOT "{self._slot_name}" LOGICAL '
+            f"{format_lsn(self._start_lsn)} ({options})"
+        )
+        conn.send_query(command.encode())
+        result = conn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE)) if result else ""
+            message = _text(result.get_error_message()) if result else ""
+            message = message or _text(conn.get_error_message())
+            conn.finish()
+            _raise_for_sqlstate(sqlstate, message, self._slot_name)
+        self._conn = conn
+
+    @property
+    def fileno(self) -> int:
+        return self._require().socket
+
+    def read(self, timeout: float) -> memoryview | None:
+        """The next CopyData payload, or None when nothing arrived within ``timeout`` seconds."""
+        conn = self._require()
+        try:
+            size, data = conn.get_copy_data(1)
+            if size > 0:
+                return data
+            if size == 0:
+                readable, _, _ = select.select([conn.socket], [], [], timeout)
+                if not readable:
+                    return None
+                conn.consume_input()
+                size, data = conn.get_copy_data(1)
+                if size > 0:
+                    return data
+                if size == 0:
+                    return None
+        except psycopg.OperationalError as exc:
+            raise SourceUnavailable(f"replication connection lost: {exc}") from None
+        self._raise_stream_end()
+        raise AssertionError("unreachable")
+
+    def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
+        conn = self._require()
+        try:
+            conn.put_copy_data(standby_status_update(written, flushed, flushed, reply=reply))
+            conn.flush()
+        except psycopg.OperationalError as exc:
+            raise SourceUnavailable(f"replication connection lost: {exc}") from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.finish()
+            self._conn = None
+
+    def _raise_stream_end(self) -> None:
+        """The COPY ended (-1) or failed (-2): find out why from the pending result."""
+        conn = self._require()
+        message = _text(conn.get_error_message())
+        sqlstate = ""
+        try:
+            result = conn.get_result()
+        except psycopg.OperationalError:
+            result = None
+        if result is not None:
+            message = _text(result.get_error_message()) or message
+            sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
+        self.close()
+        if sqlstate in _SETUP_SQLSTATES:
+            _raise_for_sqlstate(sqlstate, message, self._slot_name)
+        raise SourceUnavailable(f"replication stream ended: {message or 'server closed the stream'}")
+
+    def _require(self) -> pq.abc.PGconn:
+        if self._conn is None:
+            raise ProtocolError("replication stream used before open() or after close()")
+        return self._conn
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace").strip() if value else ""
+
+
+def _raise_for_connect(message: str) -> None:
+    lowered = message.lower()
+    if "password authentication failed" in lowered or "no pg_hba.conf entry" in lowered:
+        raise SourceSetupError(f"cannot connect for replication: {message}")
+    if "must be superuser or replication role" in lowered or "permission denied" in lowered:
+        raise SourceSetupError(
+            f"{message}. Grant it with: ALTER ROLE <user> WITH REPLICATION; "
+            "and allow replication connections in pg_hba.conf"
+        )
+    raise SourceUnavailable(f"cannot connect for replication: {message}")
+
+
+def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
+    if sqlstate == _OBJECT_IN_USE:
+        raise SlotInUse(
+            f"{message}. Another process is streaming from slot {slot_name!r}: stop it, or give "
+            "this relay its own slot with CDC_RELAY_SLOT_NAME"
+        )
+    if sqlstate in _SETUP_SQLSTATES:
+        raise SourceSetupError(f"START_REPLICATION failed: {message}")
+    raise SourceUnavailable(f"START_REPLICATION failed: {message or 'connection lost'}")
