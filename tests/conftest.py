@@ -1,0 +1,124 @@
+"""Shared fixtures: a PostgreSQL server, a Kafka-protocol broker, fresh databases, unique names.
+
+By default the session starts a throw-away :class:`~cdc_relay.local.LocalPostgres` cluster and a
+:class:`~cdc_relay.local.LocalBroker` (Tansu). Point the tests at services you run yourself with
+
+- ``CDC_RELAY_TEST_DATABASE_URL``: admin URL of a PostgreSQL server with ``wal_level=logical``
+  (a superuser, or a role with CREATEDB and REPLICATION);
+- ``CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS``: e.g. Apache Kafka from docker-compose.
+
+Tests that stop, kill or restart a service request ``local_postgres`` / ``local_broker``: those
+skip when the corresponding service is external.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cdc_relay.local import ExternalBroker, ExternalPostgres, LocalBroker, LocalPostgres
+
+DATABASE_URL_ENV = "CDC_RELAY_TEST_DATABASE_URL"
+BOOTSTRAP_SERVERS_ENV = "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS"
+
+PostgresServer = LocalPostgres | ExternalPostgres
+KafkaBroker = LocalBroker | ExternalBroker
+
+
+def _short_id() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A running PostgreSQL server with ``wal_level=logical``: local unless the env var says."""
+    external = os.environ.get(DATABASE_URL_ENV)
+    if external:
+        yield ExternalPostgres(external)
+        return
+    server = LocalPostgres()
+    started = time.monotonic()
+    server.start()
+    print(f"\nLocalPostgres on port {server.port} ready in {time.monotonic() - started:.2f}s")
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[KafkaBroker]:
+    """A running Kafka-protocol broker: a local Tansu unless the env var says otherwise."""
+    external = os.environ.get(BOOTSTRAP_SERVERS_ENV)
+    if external:
+        yield ExternalBroker(external)
+        return
+    local = LocalBroker()
+    started = time.monotonic()
+    local.start()
+    print(f"\nLocalBroker on {local.bootstrap_servers} ready in {time.monotonic() - started:.3f}s")
+    try:
+        yield local
+    finally:
+        local.cleanup()
+
+
+@pytest.fixture
+def local_postgres(postgres: PostgresServer) -> Iterator[LocalPostgres]:
+    """The session's local cluster, for tests that stop/kill/restart it; skips if external.
+
+    The cluster is running again after the test, whatever the test did to it.
+    """
+    if not isinstance(postgres, LocalPostgres):
+        pytest.skip(
+            f"needs a local PostgreSQL cluster it can stop/kill/restart; {DATABASE_URL_ENV} "
+            "points at an external server"
+        )
+    try:
+        yield postgres
+    finally:
+        if not postgres.running:
+            postgres.start()
+
+
+@pytest.fixture
+def local_broker(broker: KafkaBroker) -> Iterator[LocalBroker]:
+    """The session's local broker, for tests that pause/kill/restart it; skips if external.
+
+    The broker is running (and not paused) after the test; after a kill or restart it is empty.
+    """
+    if not isinstance(broker, LocalBroker):
+        pytest.skip(
+            f"needs a local broker it can pause/kill/restart; {BOOTSTRAP_SERVERS_ENV} points at "
+            "an external broker"
+        )
+    try:
+        yield broker
+    finally:
+        if broker.paused:
+            broker.resume()
+        if not broker.running:
+            broker.start()
+
+
+@pytest.fixture
+def database(postgres: PostgresServer) -> Iterator[str]:
+    """URL of a fresh database ``test_<id>``, dropped (with its replication slots) afterwards."""
+    name = f"test_{_short_id()}"
+    url = postgres.create_database(name)
+    try:
+        yield url
+    finally:
+        if isinstance(postgres, LocalPostgres) and not postgres.running:
+            postgres.start()  # a test left the server stopped or killed
+        postgres.drop_database(name)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique lowercase string for slot, publication and topic names."""
+    return _short_id()

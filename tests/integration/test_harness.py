@@ -1,0 +1,186 @@
+"""The test harness itself: local PostgreSQL cluster, local broker, fixtures and helpers."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from cdc_relay.local import ExternalBroker, ExternalPostgres, LocalBroker, LocalPostgres
+from tests.kafka_helpers import consume_all, consume_with_grace
+
+pytestmark = pytest.mark.integration
+
+PostgresServer = LocalPostgres | ExternalPostgres
+KafkaBroker = LocalBroker | ExternalBroker
+DATABASE_URL_ENV = "CDC_RELAY_TEST_DATABASE_URL"
+
+
+def _scalar(url: str, query: str) -> object:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query).fetchone()
+    assert row is not None
+    return row[0]
+
+
+# ------------------------------------------------------------------------------- PostgreSQL
+
+
+def test_cluster_is_up_with_logical_wal(postgres: PostgresServer) -> None:
+    url = postgres.url()
+    assert _scalar(url, "SHOW wal_level") == "logical"
+    assert int(str(_scalar(url, "SHOW max_replication_slots"))) >= 2
+    if isinstance(postgres, LocalPostgres):
+        assert url == f"postgresql://postgres@127.0.0.1:{postgres.port}/postgres"
+        assert _scalar(url, "SHOW fsync") == "off"
+        assert postgres.log_path.is_file()
+
+
+def test_url_params(postgres: PostgresServer) -> None:
+    url = postgres.url("postgres", application_name="harness check")
+    assert _scalar(url, "SHOW application_name") == "harness check"
+
+
+def test_database_fixture_gives_a_fresh_database(database: str, unique: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        assert row[0].startswith("test_")
+        assert conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+        ).fetchone() == (0,)
+        # A slot in this database must not stop the fixture from dropping it afterwards.
+        conn.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (f"s_{unique}",)
+        )
+
+
+def test_stop_kill_restart_keep_data(local_postgres: LocalPostgres, unique: str) -> None:
+    name = f"harness_{unique}"
+    url = local_postgres.create_database(name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+            conn.execute("INSERT INTO t VALUES (1)")
+
+        local_postgres.stop()
+        assert not local_postgres.running
+        local_postgres.start()
+        assert _scalar(url, "SELECT count(*) FROM t") == 1
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            # The cluster runs with synchronous_commit=off: a commit just before a crash is only
+            # guaranteed to survive when this session asks for a synchronous commit.
+            conn.execute("SET synchronous_commit = on")
+            conn.execute("INSERT INTO t VALUES (2)")
+        pid_before = _scalar(local_postgres.url(), "SELECT pg_backend_pid()")
+        local_postgres.kill()
+        assert not local_postgres.running
+        local_postgres.start()
+        assert _scalar(url, "SELECT count(*) FROM t") == 2
+        assert "database system was interrupted" in local_postgres.log_path.read_text()
+
+        port = local_postgres.port
+        local_postgres.restart()
+        assert local_postgres.port == port
+        assert _scalar(url, "SELECT count(*) FROM t") == 2
+        assert _scalar(url, "SHOW wal_level") == "logical"
+        assert _scalar(local_postgres.url(), "SELECT pg_backend_pid()") != pid_before
+    finally:
+        local_postgres.drop_database(name)
+
+
+def test_settings_override_and_context_manager() -> None:
+    if os.environ.get(DATABASE_URL_ENV):
+        pytest.skip(f"starts its own cluster; {DATABASE_URL_ENV} selects an external server")
+    with LocalPostgres(settings={"wal_level": "replica", "max_wal_senders": "5"}) as pg:
+        directory = pg.directory
+        assert _scalar(pg.url(), "SHOW wal_level") == "replica"
+        pg.restart()
+        assert _scalar(pg.url(), "SHOW wal_level") == "replica"
+        assert _scalar(pg.url(), "SHOW max_wal_senders") == "5"
+        with psycopg.connect(pg.url(), autocommit=True) as conn, pytest.raises(psycopg.Error):
+            conn.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+    assert not directory.exists()
+
+
+# ------------------------------------------------------------------------------- broker
+
+
+def test_broker_round_trip_with_headers(broker: KafkaBroker, unique: str) -> None:
+    topic = f"harness-{unique}"
+    broker.create_topic(topic, partitions=3)
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    sent: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
+    for i in range(30):
+        headers: list[tuple[str, bytes]] = [
+            ("event-id", f"id-{i}".encode()),
+            ("bin", bytes([0, 255, i])),
+        ]
+        producer.produce(
+            topic, key=f"k{i % 5}".encode(), value=f"v{i}".encode(), headers=list(headers)
+        )
+        sent.append((f"k{i % 5}".encode(), f"v{i}".encode(), headers))
+    assert producer.flush(10) == 0
+
+    records = consume_with_grace(broker.bootstrap_servers, topic, 30, timeout=20, grace=0.5)
+    assert len(records) == 30
+    by_value = {r.value: r for r in records}
+    for key, value, headers in sent:
+        record = by_value[value]
+        assert record.key == key
+        assert record.headers == headers
+        assert record.topic == topic
+    # One key, one partition, produce order kept.
+    for key in {k for k, _, _ in sent}:
+        same_key = [r for r in records if r.key == key]
+        assert len({r.partition for r in same_key}) == 1
+        assert [r.value for r in same_key] == [v for k, v, _ in sent if k == key]
+    assert records[0].header("event-id") is not None
+
+
+def test_consume_all_returns_what_it_has_at_timeout(broker: KafkaBroker, unique: str) -> None:
+    topic = f"harness-short-{unique}"
+    broker.create_topic(topic)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce(topic, value=b"only")
+    assert producer.flush(10) == 0
+    started = time.monotonic()
+    records = consume_all(broker.bootstrap_servers, [topic], 2, timeout=1.5)
+    assert [r.value for r in records] == [b"only"]
+    assert time.monotonic() - started < 10
+
+
+def test_broker_pause_resume_and_restart(local_broker: LocalBroker, unique: str) -> None:
+    topic = f"harness-fault-{unique}"
+    local_broker.create_topic(topic)
+    producer = Producer({"bootstrap.servers": local_broker.bootstrap_servers, "acks": "all"})
+    producer.produce(topic, value=b"before")
+    assert producer.flush(10) == 0
+
+    local_broker.pause()
+    producer.produce(topic, value=b"during")
+    assert producer.flush(0.5) == 1  # the broker does not answer
+    local_broker.resume()
+    assert producer.flush(10) == 0
+    values = [r.value for r in consume_all(local_broker.bootstrap_servers, topic, 2, timeout=10)]
+    assert values == [b"before", b"during"]
+
+    bootstrap = local_broker.bootstrap_servers
+    local_broker.restart()
+    assert local_broker.bootstrap_servers == bootstrap
+    local_broker.create_topic(topic)  # in-memory storage: the restarted broker is empty
+    fresh = Producer({"bootstrap.servers": bootstrap})
+    fresh.produce(topic, value=b"after")
+    assert fresh.flush(10) == 0
+    assert [r.value for r in consume_all(bootstrap, topic, 1, timeout=10)] == [b"after"]
