@@ -117,6 +117,11 @@ def run(settings: Settings) -> int:
     except RelayError as exc:
         log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
         return exc.exit_code
+    except Exception:
+        # A bug, not an operating condition: say so loudly; the supervisor restarts us and we
+        # resume from the confirmed position.
+        log.exception("unexpected error, exiting")
+        return 70
     return 0
 
 

@@ -107,7 +107,7 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Upper bound of the reconnect backoff, seconds."
     )
     producer_queue_max_messages: int = Field(
-        100_000, ge=1, description="Records buffered in the producer before reading pauses."
+        20_000, ge=1, description="Records in flight to Kafka before reading pauses."
     )
     producer_queue_max_kbytes: int = Field(
         65_536, ge=1, description="Kilobytes buffered in the producer before reading pauses."

@@ -22,6 +22,8 @@ from cdc_relay.watermark import PendingTransaction
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Any, Any], None]
+# Delivery reports do not carry headers, so each record's headers are bound as the first argument.
+TransactionCallback = Callable[[list[tuple[str, bytes]], Any, Any], None]
 
 # Errors that concern one record and will not go away by retrying it.
 PERMANENT_ERRORS = frozenset(
@@ -76,10 +78,11 @@ class DeliveryTracker:
 
     def callback(
         self, txn: PendingTransaction, table: str, dead_letter: bool = False
-    ) -> DeliveryCallback:
+    ) -> TransactionCallback:
+        """The delivery callback of ``txn``'s records; bind each record's headers with partial."""
         failures = self.failures
 
-        def on_delivery(err: Any, msg: Any) -> None:
+        def on_delivery(headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err is None:
                 txn.pending -= 1
                 if dead_letter:
@@ -90,7 +93,7 @@ class DeliveryTracker:
                 failures.append(
                     DeliveryFailure(
                         txn, table, dead_letter, err.code(), err.str(), msg.topic(),
-                        msg.key(), msg.value(), list(msg.headers() or ()),
+                        msg.key(), msg.value(), headers,
                     )
                 )
 
@@ -122,7 +125,9 @@ class Publisher:
         self._last_error_log = 0.0
         self.fatal_error: str | None = None
         self.broker_down = False
-        self._producer = Producer({**config, "error_cb": self._on_error})
+        self._producer = Producer(
+            {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
+        )
         # Bound once: these sit on the hot path.
         self.produce_raw = self._producer.produce
         self.poll = self._producer.poll
@@ -155,6 +160,9 @@ class Publisher:
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
             self._producer.poll(0)
         self._producer.flush(0)
+        # The producer holds our error callback, we hold the producer: break the cycle so that
+        # librdkafka's threads and connections go away now, not at some later garbage collection.
+        del self._producer, self.produce_raw, self.poll
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import psycopg
 
@@ -38,7 +39,13 @@ from cdc_relay.pgoutput import (
     Relation,
     StreamStart,
 )
-from cdc_relay.publisher import DeliveryCallback, DeliveryFailure, DeliveryTracker, ProduceRefused, Publisher
+from cdc_relay.publisher import (
+    DeliveryFailure,
+    DeliveryTracker,
+    ProduceRefused,
+    Publisher,
+    TransactionCallback,
+)
 from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, XLOG_DATA_HEADER
 from cdc_relay.replication.source import SourceDatabase, connect
 from cdc_relay.replication.stream import ReplicationStream
@@ -100,10 +107,12 @@ class Relay:
         first = True
         try:
             while not self._stopping:
+                published_before = self.stats.published
                 try:
                     self._session()
-                    backoff = 0.5
                 except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
+                    if self.stats.published != published_before:
+                        backoff = 0.5  # the session did work: this is a new failure
                     if first and isinstance(exc, SlotInUse):
                         raise
                     if isinstance(exc, SinkUnavailable):
@@ -160,6 +169,8 @@ class Relay:
                 raise
             finally:
                 self._confirmed = session.watermark.advance()
+                self.stats.published += session.tracker.delivered
+                self.stats.dead_lettered += session.tracker.dead_lettered
                 stream.close()
 
     def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
@@ -243,7 +254,7 @@ class _Session:
         decode = self.decoder.decode
         watermark = self.watermark
         txn: PendingTransaction | None = None
-        callback: DeliveryCallback | None = None
+        callback: TransactionCallback | None = None
         callback_table = ""
         counter = 0
         while True:
@@ -326,7 +337,7 @@ class _Session:
         mapping: OutboxMapping,
         message: Insert,
         txn: PendingTransaction,
-        callback: DeliveryCallback,
+        callback: TransactionCallback,
     ) -> None:
         try:
             record = mapping.map(message.new)
@@ -340,7 +351,7 @@ class _Session:
             try:
                 self.publisher.produce_raw(
                     record.topic, record.value, record.key,
-                    headers=record.headers, on_delivery=callback,
+                    headers=record.headers, on_delivery=partial(callback, record.headers),
                 )
                 txn.pending += 1
                 return
@@ -405,7 +416,10 @@ class _Session:
         on_delivery = self.tracker.callback(txn, table, dead_letter=True)
         while True:
             try:
-                self.publisher.produce(settings.dead_letter_topic, value, key, dlq_headers, on_delivery)
+                self.publisher.produce(
+                    settings.dead_letter_topic, value, key, dlq_headers,
+                    partial(on_delivery, dlq_headers),
+                )
                 txn.pending += 1
                 return
             except BufferError:
@@ -484,7 +498,8 @@ class _Session:
                 f"no Kafka delivery progress for {stalled:.0f}s with {in_flight} records in "
                 "flight; rebuilding the producer"
             )
-        if stalled >= STALL_WARNING_AFTER and now - self.last_stall_warning >= STALL_WARNING_AFTER:
+        warn_after = min(STALL_WARNING_AFTER, self.settings.delivery_stall_timeout / 2)
+        if stalled >= warn_after and now - self.last_stall_warning >= warn_after:
             self.last_stall_warning = now
             log.warning(
                 "Kafka is not acknowledging records; broker unreachable?",

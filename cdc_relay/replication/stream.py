@@ -142,8 +142,10 @@ class ReplicationStream:
         return self._conn
 
 
-def _text(value: bytes | None) -> str:
-    return value.decode("utf-8", "replace").strip() if value else ""
+def _text(value: bytes | str | None) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value.strip() if value else ""
 
 
 def _raise_for_connect(message: str) -> None:

@@ -1,0 +1,206 @@
+"""Running the real relay (``python -m cdc_relay``) as a child process, and writing outbox rows.
+
+Tests drive the relay the way an operator does: environment variables, signals, exit codes, log
+lines. The database side is plain psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psycopg
+
+REPO = Path(__file__).resolve().parents[2]
+OUTBOX_DDL = (REPO / "sql" / "001_outbox.sql").read_text()
+
+
+class RelayProcess:
+    """One ``python -m cdc_relay`` child with its own log file."""
+
+    def __init__(self, env: dict[str, str], args: Sequence[str] = ()) -> None:
+        self.env = env
+        self.args = list(args)
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the object
+            prefix="cdc-relay-", suffix=".log", delete=False
+        )
+        self.log_path = Path(self._log.name)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc_relay", *self.args],
+            env={**os.environ, **self.env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tempfile.gettempdir(),  # no stray .env file is read
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.logs():
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"relay exited ({self.proc.returncode}):\n{self.logs()}")
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not logged within {timeout}s:\n{self.logs()}")
+
+    def wait_streaming(self, timeout: float = 30.0) -> RelayProcess:
+        self.wait_for_log("streaming", timeout)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait: the clean shutdown path."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"relay did not exit within {timeout}s:\n{self.logs()}") from None
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM of the running process, in MiB."""
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM in /proc status")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> dict[str, str]:
+    """Settings isolating one test: its own slot, publication and topic prefix."""
+    env = {
+        "CDC_RELAY_DATABASE_URL": database_url,
+        "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "CDC_RELAY_SLOT_NAME": f"slot_{unique}",
+        "CDC_RELAY_PUBLICATION_NAME": f"pub_{unique}",
+        "CDC_RELAY_TOPIC_TEMPLATE": f"{unique}.{{aggregate_type}}",
+        "CDC_RELAY_DEAD_LETTER_TOPIC": f"{unique}.dead_letter",
+        "CDC_RELAY_LOG_LEVEL": "DEBUG",
+    }
+    env.update({f"CDC_RELAY_{k.upper()}": v for k, v in extra.items()})
+    return env
+
+
+def create_outbox(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(OUTBOX_DDL)  # type: ignore[arg-type]  # trusted file of our own
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: dict[str, object]
+    headers: dict[str, object] | None = None
+
+
+def new_event(
+    aggregate_type: str = "order",
+    aggregate_id: str = "a-1",
+    event_type: str = "created",
+    payload: dict[str, object] | None = None,
+    headers: dict[str, object] | None = None,
+) -> Event:
+    return Event(
+        str(uuid.uuid4()), aggregate_type, aggregate_id, event_type, payload or {}, headers
+    )
+
+
+INSERT_SQL = (
+    "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) "
+    "VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb)"
+)
+
+
+def insert_events(conn: psycopg.Connection[tuple[object, ...]], events: Sequence[Event]) -> None:
+    """Insert in the caller's transaction, in order."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            INSERT_SQL,
+            [
+                (
+                    e.id, e.aggregate_type, e.aggregate_id, e.event_type,
+                    orjson.dumps(e.payload).decode(),
+                    orjson.dumps(e.headers).decode() if e.headers is not None else None,
+                )
+                for e in events
+            ],
+        )
+
+
+def write_transactions(
+    database_url: str, batches: Sequence[Sequence[Event]], between: Callable[[], None] | None = None
+) -> None:
+    """Commit each batch as its own transaction."""
+    with psycopg.connect(database_url) as conn:
+        for batch in batches:
+            with conn.transaction():
+                insert_events(conn, batch)
+            if between is not None:
+                between()
+
+
+def scalar(database_url: str, query: str, *params: object) -> object:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(query, params or None).fetchone()  # type: ignore[call-overload]
+        return row[0] if row else None
+
+
+def slot_confirmed_lsn(database_url: str, slot: str) -> int:
+    from cdc_relay.lsn import parse_lsn
+
+    text = scalar(
+        database_url,
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        slot,
+    )
+    assert text is not None, f"slot {slot} missing"
+    return parse_lsn(str(text))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s: {message}")
