@@ -76,7 +76,9 @@ class PostgresCheckpointStore:
         ).format(self._table)
         self._run(query, (self._slot, format_lsn(lsn)))
 
-    def _run(self, query: sql.Composed, params: tuple[object, ...]) -> psycopg.Cursor[tuple[object, ...]]:
+    def _run(
+        self, query: sql.Composed, params: tuple[object, ...]
+    ) -> psycopg.Cursor[tuple[object, ...]]:
         try:
             return self._conn.execute(query, params)
         except psycopg.OperationalError as exc:
@@ -122,5 +124,7 @@ def resolve_start(
         "the relay, so events in between may never have been published"
     )
     if not allow_reset:
-        raise PositionMismatch(f"{gap}. Refusing to start. To accept the gap, start with {_OVERRIDE}")
+        raise PositionMismatch(
+            f"{gap}. Refusing to start. To accept the gap, start with {_OVERRIDE}"
+        )
     return slot_confirmed, f"{gap}; starting anyway because slot reset is allowed"

@@ -49,7 +49,10 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.description} [{env_name(name)}]"
         if field.annotation is bool:
             group.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                flag,
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
                 help=help_text,
             )
         else:
@@ -98,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(settings: Settings) -> int:
-    from cdc_relay.relay import Relay  # imported late: --help and --version stay fast
+    from cdc_relay.relay import Relay  # noqa: PLC0415 - late: --help and --version stay fast
 
     relay = Relay(settings)
 

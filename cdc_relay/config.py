@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
     topic_template: str = Field(
         "outbox.event.{aggregate_type}",
-        description="Kafka topic per event; fields: {aggregate_type} {event_type} {table} {schema}.",
+        description="Topic per event; fields {aggregate_type} {event_type} {table} {schema}.",
     )
     kafka_producer_config: dict[str, str] = Field(
         default_factory=dict,
@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     )
     poison_policy: PoisonPolicy = Field(
         PoisonPolicy.DEAD_LETTER,
-        description="Record Kafka refuses permanently: dead_letter (send to the DLQ topic) or stop.",
+        description="A record Kafka refuses permanently: dead_letter (to the DLQ topic) or stop.",
     )
     dead_letter_topic: str = Field("cdc_relay.dead_letter", description="Dead-letter topic.")
     state_schema: str = Field(

@@ -29,7 +29,7 @@ class SourceUnavailable(SourceError):
 
 
 class SourceSetupError(SourceError):
-    """A prerequisite is missing (wal_level, privilege, table, publication): an operator must act."""
+    """A prerequisite is missing (wal_level, privilege, table, ...): an operator must act."""
 
     exit_code = 3
 
@@ -39,7 +39,7 @@ class SlotInUse(SourceSetupError):
 
 
 class PositionMismatch(SourceError):
-    """The slot and the relay's own record of its position disagree in a way that can lose events."""
+    """The slot and the relay's record of its position disagree in a way that can lose events."""
 
     exit_code = 4
 

@@ -87,7 +87,7 @@ class OutboxMapping:
 
     def describe_row(self, row: TupleData) -> bytes:
         """The row as a JSON object of column texts, for a dead-letter record."""
-        named = {}
+        named: dict[str, str | None] = {}
         for column, value in zip(self.relation.columns, row, strict=False):
             if isinstance(value, bytes):
                 named[column.name] = value.decode("utf-8", "replace")

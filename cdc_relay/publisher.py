@@ -37,12 +37,39 @@ PERMANENT_ERRORS = frozenset(
         KafkaError._INVALID_ARG,
     }
 )
-_SIZE_ERRORS = frozenset(
-    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
-)
+_SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 # Our own teardown: the records are re-sent by the next session.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
+
+
+# The one librdkafka exception the hot path catches itself (a Python frame per record is too dear);
+# it is converted to ProduceRefused at once with ProduceRefused.from_exception.
+ProducerException = KafkaException
+
+
+def error_name(code: int) -> str:
+    """librdkafka's symbolic name of an error code, e.g. ``TOPIC_EXCEPTION``."""
+    try:
+        return str(KafkaError(code).name())
+    except Exception:  # an unknown code still gets a name
+        return str(code)
+
+
+@dataclass(frozen=True)
+class RefusedRecord:
+    """A record Kafka will never accept as it is, with its source coordinates."""
+
+    txn: PendingTransaction
+    table: str
+    reason: str
+    code: str
+    event_id: str | None
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    too_large: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,9 +90,20 @@ class DeliveryFailure:
     def permanent(self) -> bool:
         return self.code in PERMANENT_ERRORS
 
-    @property
-    def too_large(self) -> bool:
-        return self.code in _SIZE_ERRORS
+    def refused(self) -> RefusedRecord:
+        event_id = next((v.decode() for k, v in self.headers if k == "id"), None)
+        return RefusedRecord(
+            self.txn,
+            self.table,
+            self.reason,
+            error_name(self.code),
+            event_id,
+            self.topic,
+            self.key,
+            self.value,
+            self.headers,
+            too_large=self.code in _SIZE_ERRORS,
+        )
 
 
 @dataclass
@@ -92,8 +130,15 @@ class DeliveryTracker:
             elif err.code() not in _PURGED:
                 failures.append(
                     DeliveryFailure(
-                        txn, table, dead_letter, err.code(), err.str(), msg.topic(),
-                        msg.key(), msg.value(), headers,
+                        txn,
+                        table,
+                        dead_letter,
+                        err.code(),
+                        err.str(),
+                        msg.topic(),
+                        msg.key(),
+                        msg.value(),
+                        headers,
                     )
                 )
 
@@ -117,6 +162,17 @@ class ProduceRefused(Exception):
     def permanent(self) -> bool:
         return self.code in PERMANENT_ERRORS
 
+    @property
+    def too_large(self) -> bool:
+        return self.code in _SIZE_ERRORS
+
+    @classmethod
+    def from_exception(cls, exc: Exception) -> ProduceRefused:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError):
+            return cls(error.code(), error.str())
+        return cls(-1, str(exc))
+
 
 class Publisher:
     """A thin, typed wrapper of one idempotent Producer."""
@@ -128,9 +184,9 @@ class Publisher:
         self._producer = Producer(
             {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
         )
-        # Bound once: these sit on the hot path.
-        self.produce_raw = self._producer.produce
-        self.poll = self._producer.poll
+        # Bound once: these sit on the hot path. produce_raw raises ProducerException.
+        self.produce_raw: Callable[..., None] = self._producer.produce
+        self.poll: Callable[[float], int] = self._producer.poll
 
     def produce(
         self,
@@ -144,8 +200,7 @@ class Publisher:
         try:
             self.produce_raw(topic, value, key, headers=headers, on_delivery=on_delivery)
         except KafkaException as exc:
-            error = exc.args[0]
-            raise ProduceRefused(error.code(), error.str()) from None
+            raise ProduceRefused.from_exception(exc) from None
 
     def in_flight(self) -> int:
         return len(self._producer)
@@ -172,4 +227,6 @@ class Publisher:
         now = time.monotonic()
         if err.fatal() or now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now
-            log.warning("kafka client error", extra={"fields": {"error": err.str(), "code": err.name()}})
+            log.warning(
+                "kafka client error", extra={"fields": {"error": err.str(), "code": err.name()}}
+            )

@@ -43,8 +43,11 @@ from cdc_relay.publisher import (
     DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
+    ProducerException,
     Publisher,
+    RefusedRecord,
     TransactionCallback,
+    error_name,
 )
 from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, XLOG_DATA_HEADER
 from cdc_relay.replication.source import SourceDatabase, connect
@@ -58,7 +61,6 @@ READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send sta
 POLL_EVERY = 256  # messages between producer polls while streaming
 STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sender_timeout)
 STALL_WARNING_AFTER = 10.0
-IDLE_CONFIRM_MIN_BYTES = 64 * 1024  # keeps our own position writes from confirming themselves
 _XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
 _KEEPALIVE_WAL_END = slice(1, 9)
 
@@ -119,11 +121,13 @@ class Relay:
                         self._drop_publisher(purge=True)
                     log.warning(
                         "session ended, resuming from the confirmed position",
-                        extra={"fields": {
-                            "reason": str(exc),
-                            "retry_in_s": round(backoff, 2),
-                            "resume_lsn": format_lsn(self._confirmed or 0),
-                        }},
+                        extra={
+                            "fields": {
+                                "reason": str(exc),
+                                "retry_in_s": round(backoff, 2),
+                                "resume_lsn": format_lsn(self._confirmed or 0),
+                            }
+                        },
                     )
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, self.settings.reconnect_max_backoff)
@@ -181,7 +185,9 @@ class Relay:
         )
         source.preflight()
         if source.ensure_publication():
-            log.info("created publication", extra={"fields": {"publication": settings.publication_name}})
+            log.info(
+                "created publication", extra={"fields": {"publication": settings.publication_name}}
+            )
         store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
         store.ensure_table()
         recorded = store.load()
@@ -289,8 +295,7 @@ class _Session:
                     relay.stats.transactions += 1
                     txn = None
                     callback = None
-                    if message.end_lsn > self.received:
-                        self.received = message.end_lsn
+                    self.received = max(self.received, message.end_lsn)
                 elif isinstance(message, Relation):
                     self.on_relation(message)
                 elif isinstance(message, StreamStart):
@@ -302,8 +307,7 @@ class _Session:
                     self.housekeeping(txn is None)
             elif kind == PRIMARY_KEEPALIVE:
                 wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
-                if wal_end > self.received:
-                    self.received = wal_end
+                self.received = max(self.received, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
                 self.housekeeping(txn is None, reply=bool(data[17]))
@@ -342,83 +346,97 @@ class _Session:
         try:
             record = mapping.map(message.new)
         except MalformedEvent as exc:
+            row = mapping.describe_row(message.new)
             self.poison(
-                txn, mapping.table, str(exc), "MALFORMED_OUTBOX_ROW", exc.event_id, None,
-                None, mapping.describe_row(message.new), [],
+                RefusedRecord(
+                    txn,
+                    mapping.table,
+                    str(exc),
+                    "MALFORMED_OUTBOX_ROW",
+                    exc.event_id,
+                    None,
+                    None,
+                    row,
+                    [],
+                )
             )
             return
         while True:
             try:
                 self.publisher.produce_raw(
-                    record.topic, record.value, record.key,
-                    headers=record.headers, on_delivery=partial(callback, record.headers),
+                    record.topic,
+                    record.value,
+                    record.key,
+                    headers=record.headers,
+                    on_delivery=partial(callback, record.headers),
                 )
                 txn.pending += 1
                 return
             except BufferError:
                 self.wait_for_room()
-            except Exception as exc:  # KafkaException, mapped below
-                refused = _refusal(exc)
+            except ProducerException as exc:
+                refused = ProduceRefused.from_exception(exc)
                 if not refused.permanent:
                     raise SinkUnavailable(f"producing failed: {refused.reason}") from None
                 self.poison(
-                    txn, mapping.table, refused.reason, _error_name(refused.code),
-                    record.event_id, record.topic, record.key, record.value, record.headers,
-                    too_large=refused.code in (10, 18),
+                    RefusedRecord(
+                        txn,
+                        mapping.table,
+                        refused.reason,
+                        error_name(refused.code),
+                        record.event_id,
+                        record.topic,
+                        record.key,
+                        record.value,
+                        record.headers,
+                        too_large=refused.too_large,
+                    )
                 )
                 return
 
-    def poison(
-        self,
-        txn: PendingTransaction,
-        table: str,
-        reason: str,
-        code: str,
-        event_id: str | None,
-        topic: str | None,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        too_large: bool = False,
-    ) -> None:
+    def poison(self, refused: RefusedRecord) -> None:
         """A record that can never be delivered as it is: dead-letter it, or stop."""
         settings = self.settings
+        txn = refused.txn
+        commit_lsn = format_lsn(txn.commit_lsn)
         fields = {
-            "event_id": event_id,
-            "table": table,
-            "commit_lsn": format_lsn(txn.commit_lsn),
-            "topic": topic,
-            "error": reason,
+            "event_id": refused.event_id,
+            "table": refused.table,
+            "commit_lsn": commit_lsn,
+            "topic": refused.topic,
+            "error": refused.reason,
         }
         if settings.poison_policy is PoisonPolicy.STOP:
             # The transaction can never complete, so the watermark never passes it.
             txn.pending += 1
             log.error("poison record, stopping (poison policy: stop)", extra={"fields": fields})
-            self.relay.fail(PoisonRecordError(
-                f"Kafka refused event {event_id} of {table} at commit {format_lsn(txn.commit_lsn)}"
-                f" for topic {topic!r}: {reason}. The relay stopped without confirming past it "
-                "(CDC_RELAY_POISON_POLICY=stop)"
-            ))
+            self.relay.fail(
+                PoisonRecordError(
+                    f"Kafka refused event {refused.event_id} of {refused.table} at commit "
+                    f"{commit_lsn} for topic {refused.topic!r}: {refused.reason}. The relay "
+                    "stopped without confirming past it (CDC_RELAY_POISON_POLICY=stop)"
+                )
+            )
             raise _Stopping
-        dlq_headers = [
-            *headers,
-            ("cdc_relay.error", reason.encode()),
-            ("cdc_relay.error_code", code.encode()),
-            ("cdc_relay.commit_lsn", format_lsn(txn.commit_lsn).encode()),
-            ("cdc_relay.table", table.encode()),
-            ("cdc_relay.event_id", (event_id or "").encode()),
-            ("cdc_relay.topic", (topic or "").encode()),
+        value = refused.value
+        headers = [
+            *refused.headers,
+            ("cdc_relay.error", refused.reason.encode()),
+            ("cdc_relay.error_code", refused.code.encode()),
+            ("cdc_relay.commit_lsn", commit_lsn.encode()),
+            ("cdc_relay.table", refused.table.encode()),
+            ("cdc_relay.event_id", (refused.event_id or "").encode()),
+            ("cdc_relay.topic", (refused.topic or "").encode()),
         ]
-        if too_large and value is not None:
-            dlq_headers.append(("cdc_relay.value_size", str(len(value)).encode()))
+        if refused.too_large and value is not None:
+            headers.append(("cdc_relay.value_size", str(len(value)).encode()))
             value = None  # it cannot travel; the header says how large it was
         log.error("poison record sent to the dead-letter topic", extra={"fields": fields})
-        on_delivery = self.tracker.callback(txn, table, dead_letter=True)
+        on_delivery = partial(self.tracker.callback(txn, refused.table, dead_letter=True), headers)
         while True:
             try:
                 self.publisher.produce(
-                    settings.dead_letter_topic, value, key, dlq_headers,
-                    partial(on_delivery, dlq_headers),
+                    settings.dead_letter_topic, value, refused.key, headers, on_delivery
                 )
                 txn.pending += 1
                 return
@@ -443,11 +461,7 @@ class _Session:
             raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
         # The original produce counted one pending delivery; the dead-letter record takes it over.
         failure.txn.pending -= 1
-        event_id = next((v.decode() for k, v in failure.headers if k == "id"), None)
-        self.poison(
-            failure.txn, failure.table, failure.reason, _error_name(failure.code), event_id,
-            failure.topic, failure.key, failure.value, failure.headers, failure.too_large,
-        )
+        self.poison(failure.refused())
 
     def wait_for_room(self) -> None:
         """Backpressure: the producer queue is full, so stop reading until deliveries drain."""
@@ -474,10 +488,9 @@ class _Session:
             if published != self.delivered_at_confirm:
                 due = now - self.last_confirm >= self.settings.confirm_interval
             else:
-                due = (
-                    now - self.last_confirm >= self.settings.idle_confirm_interval
-                    and confirmed - self.sent_flush >= IDLE_CONFIRM_MIN_BYTES
-                )
+                # Only the WAL moved (other tables, our own position record): confirm less often,
+                # so that recording the position is not itself a busy loop.
+                due = now - self.last_confirm >= self.settings.idle_confirm_interval
             if due:
                 self.delivered_at_confirm = published
                 self.confirm(confirmed)
@@ -545,26 +558,12 @@ class _Session:
         remaining = publisher.in_flight()
         log.info(
             "stopped",
-            extra={"fields": {
-                "confirmed_lsn": format_lsn(self.sent_flush),
-                "published": self.tracker.delivered,
-                "dead_lettered": self.tracker.dead_lettered,
-                "unacknowledged": remaining,
-            }},
+            extra={
+                "fields": {
+                    "confirmed_lsn": format_lsn(self.sent_flush),
+                    "published": self.tracker.delivered,
+                    "dead_lettered": self.tracker.dead_lettered,
+                    "unacknowledged": remaining,
+                }
+            },
         )
-
-
-def _refusal(exc: Exception) -> ProduceRefused:
-    error = exc.args[0] if exc.args else None
-    if hasattr(error, "code") and hasattr(error, "str"):
-        return ProduceRefused(error.code(), error.str())
-    return ProduceRefused(-1, str(exc))
-
-
-def _error_name(code: int) -> str:
-    from confluent_kafka import KafkaError
-
-    try:
-        return str(KafkaError(code).name())
-    except Exception:  # an unknown code still gets a name
-        return str(code)

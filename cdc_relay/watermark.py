@@ -50,9 +50,7 @@ class Watermark:
         """Drop finished transactions from the head; returns the (possibly new) watermark."""
         queue = self._queue
         while queue and queue[0].done:
-            end = queue.popleft().end_lsn
-            if end > self.confirmed:
-                self.confirmed = end
+            self.confirmed = max(self.confirmed, queue.popleft().end_lsn)
         return self.confirmed
 
     def idle(self, wal_end: int) -> bool:

@@ -134,7 +134,9 @@ class ReplicationStream:
         self.close()
         if sqlstate in _SETUP_SQLSTATES:
             _raise_for_sqlstate(sqlstate, message, self._slot_name)
-        raise SourceUnavailable(f"replication stream ended: {message or 'server closed the stream'}")
+        raise SourceUnavailable(
+            f"replication stream ended: {message or 'server closed the stream'}"
+        )
 
     def _require(self) -> pq.abc.PGconn:
         if self._conn is None:

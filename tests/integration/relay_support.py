@@ -20,6 +20,8 @@ from pathlib import Path
 import orjson
 import psycopg
 
+from cdc_relay.lsn import parse_lsn
+
 REPO = Path(__file__).resolve().parents[2]
 OUTBOX_DDL = (REPO / "sql" / "001_outbox.sql").read_text()
 
@@ -120,7 +122,7 @@ def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> d
 
 def create_outbox(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(OUTBOX_DDL)  # type: ignore[arg-type]  # trusted file of our own
+        conn.execute(OUTBOX_DDL.encode())  # a trusted file of our own
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,10 @@ def insert_events(conn: psycopg.Connection[tuple[object, ...]], events: Sequence
             INSERT_SQL,
             [
                 (
-                    e.id, e.aggregate_type, e.aggregate_id, e.event_type,
+                    e.id,
+                    e.aggregate_type,
+                    e.aggregate_id,
+                    e.event_type,
                     orjson.dumps(e.payload).decode(),
                     orjson.dumps(e.headers).decode() if e.headers is not None else None,
                 )
@@ -181,13 +186,11 @@ def write_transactions(
 
 def scalar(database_url: str, query: str, *params: object) -> object:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(query, params or None).fetchone()  # type: ignore[call-overload]
+        row = conn.execute(query.encode(), params or None).fetchone()
         return row[0] if row else None
 
 
 def slot_confirmed_lsn(database_url: str, slot: str) -> int:
-    from cdc_relay.lsn import parse_lsn
-
     text = scalar(
         database_url,
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",

@@ -10,6 +10,7 @@ import orjson
 import psycopg
 import pytest
 
+from cdc_relay.lsn import format_lsn
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     RelayProcess,
@@ -44,7 +45,9 @@ def _prepare_business_tables(url: str) -> None:
                 conn.execute("INSERT INTO aggregates VALUES (%s, %s, 0)", (kind, f"{kind}-{n}"))
 
 
-def _writer(url: str, seed: int, rolled_back: set[str], foreign: set[str], errors: list[str]) -> None:
+def _writer(
+    url: str, seed: int, rolled_back: set[str], foreign: set[str], errors: list[str]
+) -> None:
     """Business transactions: bump each aggregate's version and write its event, in one commit.
 
     The row lock on the aggregate serialises writers per aggregate, so per aggregate the version
@@ -203,8 +206,6 @@ def test_clean_stop_and_restart_sends_no_duplicates(
         "SELECT confirmed_lsn::text FROM cdc_relay.slot_position WHERE slot_name = %s",
         f"slot_{unique}",
     )
-    from cdc_relay.lsn import format_lsn
-
     assert recorded == format_lsn(confirmed)
 
     write_transactions(database, second)  # committed while the relay is down
@@ -220,7 +221,9 @@ def test_clean_stop_and_restart_sends_no_duplicates(
     assert set(ids) == {batch[0].id for batch in first + second}
 
 
-def test_backlog_written_while_stopped_is_relayed_in_order(database: str, broker: KafkaBroker, unique: str) -> None:
+def test_backlog_written_while_stopped_is_relayed_in_order(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
     """Events written while the relay is stopped (slot exists) are relayed on start, in order."""
     create_outbox(database)
     topic = f"{unique}.order"

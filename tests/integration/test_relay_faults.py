@@ -1,4 +1,4 @@
-"""Failures: a killed relay, a terminated walsender, a recreated slot, poison records, a paused broker."""
+"""Failures: killed relay, terminated walsender, recreated slot, poison records, paused broker."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import orjson
 import psycopg
 import pytest
 
+from cdc_relay.local import LocalBroker
 from cdc_relay.lsn import parse_lsn
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
@@ -37,7 +38,7 @@ def _current_lsn(url: str) -> int:
 
 
 class _BackgroundWriter:
-    """Commits small transactions until stopped; remembers each event with an LSN past its commit."""
+    """Commits small transactions until stopped; notes each event with an LSN past its commit."""
 
     def __init__(self, url: str, per_txn: int = 5, aggregates: int = 13) -> None:
         self.url = url
@@ -54,7 +55,9 @@ class _BackgroundWriter:
             with psycopg.connect(self.url, autocommit=True) as conn:
                 while not self._stop.is_set():
                     events = [
-                        new_event(aggregate_id=f"a-{(n + i) % self.aggregates}", payload={"n": n + i})
+                        new_event(
+                            aggregate_id=f"a-{(n + i) % self.aggregates}", payload={"n": n + i}
+                        )
                         for i in range(self.per_txn)
                     ]
                     with conn.transaction():
@@ -146,12 +149,14 @@ def test_walsender_terminated_mid_stream_reconnects(
         with _BackgroundWriter(database) as writer:
             for _ in range(2):
                 wait_until(
-                    lambda: scalar(
-                        database,
-                        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                        slot,
-                    )
-                    is not None,
+                    lambda: (
+                        scalar(
+                            database,
+                            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                            slot,
+                        )
+                        is not None
+                    ),
                     30,
                     "the relay to hold the slot",
                 )
@@ -211,7 +216,10 @@ def test_recreated_slot_is_refused(database: str, broker: KafkaBroker, unique: s
         assert "is missing" in relay.logs()
     finally:
         relay.close()
-    assert scalar(database, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", slot) == 0
+    assert (
+        scalar(database, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", slot)
+        == 0
+    )
 
     # The documented override accepts the gap and starts.
     relay = RelayProcess(env, ["--allow-slot-reset"]).start()
@@ -324,8 +332,6 @@ def test_poison_record_with_stop_policy_stops_without_confirming_past_it(
 def test_broker_outage_is_reported_and_recovered(
     database: str, local_broker: KafkaBroker, unique: str
 ) -> None:
-    from cdc_relay.local import LocalBroker
-
     assert isinstance(local_broker, LocalBroker)
     create_outbox(database)
     topic = f"{unique}.order"
@@ -348,7 +354,8 @@ def test_broker_outage_is_reported_and_recovered(
             relay.wait_for_log("rebuilding the producer", timeout=30)
             # The position does not move past events Kafka has not acknowledged.
             assert slot_confirmed_lsn(database, slot) <= outage_start
-            assert relay.proc is not None and relay.proc.poll() is None
+            assert relay.proc is not None
+            assert relay.proc.poll() is None, "the relay keeps running through the outage"
         finally:
             local_broker.resume()
         records = consume_all(local_broker.bootstrap_servers, [topic], 50, 60, grace=1.0)

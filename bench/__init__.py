@@ -1,0 +1,1 @@
+"""Reproducible benchmarks of cdc-relay (see bench/README.md)."""
