@@ -1,0 +1,303 @@
+"""Unit tests for cdc_relay.cli: flags, precedence over the environment, exit codes.
+
+``run()`` is never called for real (it would start the relay): where ``main`` gets that far it
+is replaced by a stub.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc_relay import __version__, cli
+from cdc_relay.cli import build_parser, main, settings_from_args
+from cdc_relay.config import Settings
+from cdc_relay.errors import ConfigError
+
+DB_PASSWORD = "hunter2-db-Pw"
+SASL_PASSWORD = "s3cret-sasl-Pw"
+DB_URL = f"postgresql://relay:{DB_PASSWORD}@db.example/app"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Only the variables a test sets, no .env, and cdc_relay's logger restored afterwards."""
+    for name in list(os.environ):
+        if name.upper().startswith("CDC_RELAY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CDC_RELAY_DATABASE_URL", DB_URL)
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    logger = logging.getLogger("cdc_relay")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture
+def no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test instead of starting the relay."""
+
+    def forbidden(settings: Settings) -> int:
+        raise AssertionError(f"run() must not be reached: {settings.describe()}")
+
+    monkeypatch.setattr(cli, "run", forbidden)
+
+
+def settings_for(*argv: str) -> Settings:
+    return settings_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"cdc-relay {__version__}"
+
+
+def test_version_through_main(capsys: pytest.CaptureFixture[str], no_run: None) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_help_lists_settings_with_their_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["run", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag, env in [
+        ("--slot-name", "CDC_RELAY_SLOT_NAME"),
+        ("--database-url", "CDC_RELAY_DATABASE_URL"),
+        ("--allow-slot-reset", "CDC_RELAY_ALLOW_SLOT_RESET"),
+        ("--kafka-property", "CDC_RELAY_KAFKA_PRODUCER_CONFIG"),
+    ]:
+        assert flag in out
+        assert env in out
+    assert "--kafka-producer-config" not in out
+
+
+def test_no_flags_uses_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "env_slot")
+    settings = settings_for()
+    assert settings.slot_name == "env_slot"
+    assert settings.database_url.get_secret_value() == DB_URL
+    assert build_parser().parse_args([]).command is None
+    assert build_parser().parse_args(["run"]).command == "run"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--slot-name", "flag_slot", "run"],
+        ["run", "--slot-name", "flag_slot"],
+        ["--slot-name", "flag_slot"],
+        ["run", "--slot-name=flag_slot"],
+    ],
+)
+def test_flag_beats_env_before_and_after_run(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "env_slot")
+    assert settings_for(*argv).slot_name == "flag_slot"
+
+
+def test_flag_beats_dotenv(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("CDC_RELAY_PUBLICATION_NAME=dotenv_pub\n", encoding="utf-8")
+    assert settings_for().publication_name == "dotenv_pub"
+    assert settings_for("run", "--publication-name", "flag_pub").publication_name == "flag_pub"
+
+
+def test_flag_after_run_wins_over_flag_before_run() -> None:
+    assert (
+        settings_for("--slot-name", "first", "run", "--slot-name", "second").slot_name == "second"
+    )
+
+
+def test_flags_before_and_after_run_combine() -> None:
+    settings = settings_for("--slot-name", "flag_slot", "run", "--outbox-table", "sales.events")
+    assert settings.slot_name == "flag_slot"
+    assert settings.outbox_table == "sales.events"
+
+
+def test_typed_flags_are_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_CONFIRM_INTERVAL", "9")
+    settings = settings_for(
+        "run",
+        "--confirm-interval",
+        "2.5",
+        "--producer-queue-max-messages",
+        "100",
+        "--poison-policy",
+        "stop",
+        "--log-format",
+        "json",
+        "--log-level",
+        "warning",
+    )
+    assert settings.confirm_interval == 2.5
+    assert settings.producer_queue_max_messages == 100
+    assert settings.poison_policy.value == "stop"
+    assert settings.log_format.value == "json"
+    assert settings.log_level == "WARNING"
+
+
+def test_boolean_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_for().allow_slot_reset is False
+    assert settings_for("--allow-slot-reset", "run").allow_slot_reset is True
+    assert settings_for("run", "--allow-slot-reset").allow_slot_reset is True
+    monkeypatch.setenv("CDC_RELAY_ALLOW_SLOT_RESET", "true")
+    assert settings_for().allow_slot_reset is True
+    assert settings_for("run", "--no-allow-slot-reset").allow_slot_reset is False
+
+
+def test_database_url_flag_beats_env() -> None:
+    settings = settings_for("run", "--database-url", "postgresql://other/db")
+    assert settings.database_url.get_secret_value() == "postgresql://other/db"
+
+
+# -- --kafka-property -----------------------------------------------------------------------------
+
+
+def test_kafka_property_merges_with_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "CDC_RELAY_KAFKA_PRODUCER_CONFIG",
+        json.dumps({"compression.type": "zstd", "linger.ms": "1"}),
+    )
+    settings = settings_for("run", "--kafka-property", "linger.ms=7")
+    assert settings.kafka_producer_config == {"compression.type": "zstd", "linger.ms": "7"}
+    config = settings.producer_config()
+    assert config["linger.ms"] == "7"
+    assert config["compression.type"] == "zstd"
+    assert config["enable.idempotence"] == "true"
+    assert config["acks"] == "all"
+
+
+def test_kafka_property_is_repeatable_and_keeps_equals_in_values() -> None:
+    settings = settings_for(
+        "--kafka-property",
+        "linger.ms=7",
+        "--kafka-property",
+        "sasl.jaas.config=a=b;c=d",
+        "--kafka-property",
+        "client.id=",
+        "--kafka-property",
+        "linger.ms=8",
+    )
+    assert settings.kafka_producer_config == {
+        "linger.ms": "8",
+        "sasl.jaas.config": "a=b;c=d",
+        "client.id": "",
+    }
+
+
+def test_kafka_property_before_and_after_run_are_both_kept() -> None:
+    settings = settings_for(
+        "--kafka-property", "linger.ms=7", "run", "--kafka-property", "batch.size=1000"
+    )
+    assert settings.kafka_producer_config == {"linger.ms": "7", "batch.size": "1000"}
+
+
+def test_kafka_property_cannot_disable_idempotence() -> None:
+    with pytest.raises(ConfigError, match="CDC_RELAY_KAFKA_PRODUCER_CONFIG"):
+        settings_for("run", "--kafka-property", "enable.idempotence=false")
+
+
+@pytest.mark.parametrize("item", ["linger.ms", "=7", ""])
+def test_malformed_kafka_property(item: str) -> None:
+    with pytest.raises(ConfigError, match="--kafka-property"):
+        settings_for("run", "--kafka-property", item)
+
+
+def test_malformed_kafka_property_does_not_echo_a_secret() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_for("run", "--kafka-property", f"sasl.password:{SASL_PASSWORD}")
+    assert "--kafka-property" in str(info.value)
+    assert SASL_PASSWORD not in str(info.value)
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (["--slot-name", "Bad-Slot"], "CDC_RELAY_SLOT_NAME"),
+        (["run", "--slot-name", "Bad-Slot"], "CDC_RELAY_SLOT_NAME"),
+        (["run", "--outbox-table", "a.b.c"], "CDC_RELAY_OUTBOX_TABLE"),
+        (["run", "--topic-template", "{nope}"], "CDC_RELAY_TOPIC_TEMPLATE"),
+        (["run", "--confirm-interval", "soon"], "CDC_RELAY_CONFIRM_INTERVAL"),
+        (["run", "--kafka-property", "acks=1"], "CDC_RELAY_KAFKA_PRODUCER_CONFIG"),
+    ],
+)
+def test_main_invalid_setting_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], no_run: None, argv: list[str], setting: str
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("cdc-relay: ")
+    assert setting in lines[0]
+    assert DB_PASSWORD not in captured.err
+
+
+def test_main_invalid_env_setting_with_secrets(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_run: None
+) -> None:
+    monkeypatch.setenv(
+        "CDC_RELAY_KAFKA_PRODUCER_CONFIG", json.dumps({"sasl.password": SASL_PASSWORD})
+    )
+    monkeypatch.setenv("CDC_RELAY_LOG_LEVEL", "loud")
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "CDC_RELAY_LOG_LEVEL" in err
+    assert DB_PASSWORD not in err
+    assert SASL_PASSWORD not in err
+
+
+def test_main_missing_required_settings(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_run: None
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_DATABASE_URL")
+    monkeypatch.delenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "CDC_RELAY_DATABASE_URL" in err
+    assert "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS" in err
+
+
+def test_main_malformed_kafka_property_exits_2(
+    capsys: pytest.CaptureFixture[str], no_run: None
+) -> None:
+    assert main(["run", "--kafka-property", "linger.ms"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "--kafka-property" in err
+
+
+def test_main_valid_settings_reach_run_and_return_its_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[Settings] = []
+
+    def fake_run(settings: Settings) -> int:
+        seen.append(settings)
+        return 42
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert main(["--slot-name", "flag_slot", "run", "--log-level", "debug"]) == 42
+    assert len(seen) == 1
+    assert seen[0].slot_name == "flag_slot"
+    logger = logging.getLogger("cdc_relay")
+    assert logger.level == logging.DEBUG
+    assert len(logger.handlers) == 1

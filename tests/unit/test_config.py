@@ -1,0 +1,510 @@
+"""Unit tests for cdc_relay.config: sources and precedence, validation, secrets, producer config."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_relay.config import (
+    LogFormat,
+    PoisonPolicy,
+    Settings,
+    env_name,
+    is_secret_property,
+    load_settings,
+    redact_properties,
+    redact_url,
+)
+from cdc_relay.errors import ConfigError, RelayError
+
+DB_PASSWORD = "hunter2-db-Pw"
+SASL_PASSWORD = "s3cret-sasl-Pw"
+DB_URL = f"postgresql://relay:{DB_PASSWORD}@db.example:5432/app"
+REQUIRED: dict[str, Any] = {"database_url": DB_URL, "kafka_bootstrap_servers": "kafka:9092"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No CDC_RELAY_* variable from the outer environment, and no stray .env file."""
+    for name in list(os.environ):
+        if name.upper().startswith("CDC_RELAY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def config_error(**overrides: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_settings(**overrides)
+    return str(info.value)
+
+
+def assert_no_secret(text: str) -> None:
+    assert DB_PASSWORD not in text
+    assert SASL_PASSWORD not in text
+
+
+# -- defaults and sources -------------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    settings = load_settings(**REQUIRED)
+    assert settings.outbox_table == "public.outbox"
+    assert settings.outbox_schema_and_name == ("public", "outbox")
+    assert settings.slot_name == "cdc_relay"
+    assert settings.publication_name == "cdc_relay_outbox"
+    assert settings.topic_template == "outbox.event.{aggregate_type}"
+    assert settings.kafka_producer_config == {}
+    assert settings.poison_policy is PoisonPolicy.DEAD_LETTER
+    assert settings.dead_letter_topic == "cdc_relay.dead_letter"
+    assert settings.state_schema == "cdc_relay"
+    assert settings.allow_slot_reset is False
+    assert settings.log_format is LogFormat.PLAIN
+    assert settings.log_level == "INFO"
+    assert settings.database_url.get_secret_value() == DB_URL
+    assert settings.kafka_bootstrap_servers == "kafka:9092"
+
+
+def test_env_name() -> None:
+    assert env_name("slot_name") == "CDC_RELAY_SLOT_NAME"
+
+
+def test_environment_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_DATABASE_URL", DB_URL)
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "orders_slot")
+    monkeypatch.setenv("CDC_RELAY_OUTBOX_TABLE", "sales.events")
+    monkeypatch.setenv("CDC_RELAY_ALLOW_SLOT_RESET", "true")
+    monkeypatch.setenv("CDC_RELAY_CONFIRM_INTERVAL", "0.25")
+    monkeypatch.setenv("CDC_RELAY_POISON_POLICY", "stop")
+    monkeypatch.setenv("CDC_RELAY_LOG_FORMAT", "json")
+    monkeypatch.setenv("CDC_RELAY_LOG_LEVEL", "debug")
+    monkeypatch.setenv("SLOT_NAME", "unprefixed_is_ignored")
+    settings = load_settings()
+    assert settings.database_url.get_secret_value() == DB_URL
+    assert settings.kafka_bootstrap_servers == "k1:9092,k2:9092"
+    assert settings.slot_name == "orders_slot"
+    assert settings.outbox_schema_and_name == ("sales", "events")
+    assert settings.allow_slot_reset is True
+    assert settings.confirm_interval == 0.25
+    assert settings.poison_policy is PoisonPolicy.STOP
+    assert settings.log_format is LogFormat.JSON
+    assert settings.log_level == "DEBUG"
+
+
+def test_unknown_prefixed_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_TEST_DATABASE_URL", "postgresql://elsewhere/db")
+    assert load_settings(**REQUIRED).slot_name == "cdc_relay"
+
+
+def test_dotenv_file_in_working_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        f"CDC_RELAY_DATABASE_URL={DB_URL}\n"
+        "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS=from-dotenv:9092\n"
+        "CDC_RELAY_PUBLICATION_NAME=pub_from_dotenv\n"
+        'CDC_RELAY_KAFKA_PRODUCER_CONFIG={"linger.ms": 9}\n',
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings()
+    assert settings.database_url.get_secret_value() == DB_URL
+    assert settings.kafka_bootstrap_servers == "from-dotenv:9092"
+    assert settings.publication_name == "pub_from_dotenv"
+    assert settings.kafka_producer_config == {"linger.ms": "9"}
+
+
+def test_environment_beats_dotenv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        f"CDC_RELAY_DATABASE_URL={DB_URL}\n"
+        "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS=from-dotenv:9092\n"
+        "CDC_RELAY_SLOT_NAME=dotenv_slot\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "env_slot")
+    assert load_settings().slot_name == "env_slot"
+
+
+def test_explicit_overrides_beat_env_and_dotenv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text(
+        "CDC_RELAY_SLOT_NAME=dotenv_slot\nCDC_RELAY_TOPIC_TEMPLATE=dotenv.{table}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("CDC_RELAY_DATABASE_URL", "postgresql://env/db")
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "env:9092")
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "env_slot")
+    settings = load_settings(slot_name="flag_slot", kafka_bootstrap_servers="flag:9092")
+    assert settings.slot_name == "flag_slot"
+    assert settings.kafka_bootstrap_servers == "flag:9092"
+    assert settings.database_url.get_secret_value() == "postgresql://env/db"
+    assert settings.topic_template == "dotenv.{table}"
+
+
+def test_none_override_means_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", "env_slot")
+    assert load_settings(**REQUIRED, slot_name=None).slot_name == "env_slot"
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings(**REQUIRED)
+    with pytest.raises(ValueError, match="frozen"):
+        settings.slot_name = "other"
+
+
+def test_outbox_table_without_schema_defaults_to_public() -> None:
+    assert load_settings(**REQUIRED, outbox_table="events").outbox_table == "public.events"
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+
+def test_missing_required_settings_are_named() -> None:
+    message = config_error()
+    assert "CDC_RELAY_DATABASE_URL" in message
+    assert "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS" in message
+    assert "required" in message
+
+
+def test_only_the_missing_setting_is_named() -> None:
+    message = config_error(database_url=DB_URL)
+    assert "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS" in message
+    assert "CDC_RELAY_DATABASE_URL" not in message
+    assert_no_secret(message)
+
+
+def test_config_error_is_a_relay_error_with_exit_code_2() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert isinstance(info.value, RelayError)
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "env"),
+    [
+        ("slot_name", "Upper_Case", "CDC_RELAY_SLOT_NAME"),
+        ("slot_name", "with-dash", "CDC_RELAY_SLOT_NAME"),
+        ("slot_name", "", "CDC_RELAY_SLOT_NAME"),
+        ("slot_name", "a" * 64, "CDC_RELAY_SLOT_NAME"),
+        ("topic_template", "outbox.{aggregate}", "CDC_RELAY_TOPIC_TEMPLATE"),
+        ("topic_template", "outbox.{0}", "CDC_RELAY_TOPIC_TEMPLATE"),
+        ("topic_template", "outbox.{}", "CDC_RELAY_TOPIC_TEMPLATE"),
+        ("topic_template", "outbox.{aggregate_type", "CDC_RELAY_TOPIC_TEMPLATE"),
+        ("outbox_table", "a.b.c", "CDC_RELAY_OUTBOX_TABLE"),
+        ("outbox_table", "public.out-box", "CDC_RELAY_OUTBOX_TABLE"),
+        ("outbox_table", "public.", "CDC_RELAY_OUTBOX_TABLE"),
+        ("outbox_table", "1public.outbox", "CDC_RELAY_OUTBOX_TABLE"),
+        ("outbox_table", 'public."Outbox"', "CDC_RELAY_OUTBOX_TABLE"),
+        ("publication_name", "bad name", "CDC_RELAY_PUBLICATION_NAME"),
+        ("state_schema", "x;drop", "CDC_RELAY_STATE_SCHEMA"),
+        ("log_level", "verbose", "CDC_RELAY_LOG_LEVEL"),
+        ("log_format", "xml", "CDC_RELAY_LOG_FORMAT"),
+        ("poison_policy", "ignore", "CDC_RELAY_POISON_POLICY"),
+        ("confirm_interval", "0", "CDC_RELAY_CONFIRM_INTERVAL"),
+        ("shutdown_timeout", "-1", "CDC_RELAY_SHUTDOWN_TIMEOUT"),
+        ("producer_queue_max_messages", "0", "CDC_RELAY_PRODUCER_QUEUE_MAX_MESSAGES"),
+        ("kafka_bootstrap_servers", "", "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS"),
+    ],
+)
+def test_invalid_setting_names_the_variable(field: str, value: str, env: str) -> None:
+    message = config_error(**{**REQUIRED, field: value})
+    assert message.startswith("invalid configuration: ")
+    assert env in message
+    assert_no_secret(message)
+
+
+def test_unknown_template_field_is_listed() -> None:
+    message = config_error(**REQUIRED, topic_template="{aggregate_type}.{tenant}")
+    assert "CDC_RELAY_TOPIC_TEMPLATE" in message
+    assert "tenant" in message
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "outbox.event.{aggregate_type}",
+        "{schema}.{table}.{event_type}",
+        "static-topic",
+        "x.{{literal}}.{aggregate_type}",
+    ],
+)
+def test_valid_templates(template: str) -> None:
+    assert load_settings(**REQUIRED, topic_template=template).topic_template == template
+
+
+def test_slot_name_limits() -> None:
+    assert load_settings(**REQUIRED, slot_name="a" * 63).slot_name == "a" * 63
+    assert load_settings(**REQUIRED, slot_name="slot_2").slot_name == "slot_2"
+
+
+def test_several_problems_are_all_reported() -> None:
+    message = config_error(**REQUIRED, slot_name="BAD", outbox_table="a.b.c")
+    assert "CDC_RELAY_SLOT_NAME" in message
+    assert "CDC_RELAY_OUTBOX_TABLE" in message
+
+
+def test_bad_json_in_producer_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG", f'{{"sasl.password": "{SASL_PASSWORD}"')
+    message = config_error(**REQUIRED)
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert "JSON" in message
+    assert_no_secret(message)
+
+
+def test_producer_config_env_that_is_not_an_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG", f'["{SASL_PASSWORD}"]')
+    message = config_error(**REQUIRED)
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert_no_secret(message)
+
+
+def test_producer_config_env_json_numbers_and_bools_become_strings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "CDC_RELAY_KAFKA_PRODUCER_CONFIG",
+        json.dumps(
+            {
+                "linger.ms": 7,
+                "batch.num.messages": 1000,
+                "socket.keepalive.enable": True,
+                "enable.ssl.certificate.verification": False,
+                "retry.backoff.ms": 2.5,
+                "security.protocol": "SASL_SSL",
+            }
+        ),
+    )
+    assert load_settings(**REQUIRED).kafka_producer_config == {
+        "linger.ms": "7",
+        "batch.num.messages": "1000",
+        "socket.keepalive.enable": "true",
+        "enable.ssl.certificate.verification": "false",
+        "retry.backoff.ms": "2.5",
+        "security.protocol": "SASL_SSL",
+    }
+
+
+# -- secrets --------------------------------------------------------------------------------------
+
+
+def secret_settings() -> Settings:
+    return load_settings(
+        **REQUIRED,
+        kafka_producer_config={
+            "security.protocol": "SASL_SSL",
+            "sasl.username": "relay",
+            "sasl.password": SASL_PASSWORD,
+        },
+    )
+
+
+def test_describe_hides_passwords() -> None:
+    described = secret_settings().describe()
+    assert described["database_url"] == "postgresql://relay:***@db.example:5432/app"
+    assert described["kafka_producer_config"] == {
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "relay",
+        "sasl.password": "***",
+    }
+    assert described["slot_name"] == "cdc_relay"
+    assert described["poison_policy"] == "dead_letter"
+    text = json.dumps(described)  # JSON-serialisable, ready for a log line
+    assert_no_secret(text)
+
+
+def test_describe_hides_password_of_a_key_value_conninfo() -> None:
+    settings = load_settings(
+        database_url=f"host=db user=relay password={DB_PASSWORD} dbname=app",
+        kafka_bootstrap_servers="k:1",
+    )
+    assert settings.describe()["database_url"] == "host=db user=relay password=*** dbname=app"
+
+
+def test_repr_and_str_of_settings_hide_passwords() -> None:
+    settings = secret_settings()
+    assert_no_secret(repr(settings))
+    assert_no_secret(str(settings))
+
+
+def test_config_errors_never_contain_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_DATABASE_URL", DB_URL)
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "k:1")
+    monkeypatch.setenv(
+        "CDC_RELAY_KAFKA_PRODUCER_CONFIG",
+        json.dumps({"sasl.password": SASL_PASSWORD, "enable.idempotence": "false"}),
+    )
+    monkeypatch.setenv("CDC_RELAY_SLOT_NAME", f"slot-{SASL_PASSWORD}")
+    message = config_error()
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert "CDC_RELAY_SLOT_NAME" in message
+    assert_no_secret(message)
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("sasl.password", True),
+        ("ssl.key.password", True),
+        ("sasl.oauthbearer.client.secret", True),
+        ("sasl.jaas.config", True),
+        ("sasl.oauthbearer.config", True),
+        ("ssl.key.pem", True),
+        ("ssl.certificate.pem", True),
+        ("SASL.PASSWORD", True),
+        ("sasl.username", False),
+        ("linger.ms", False),
+        ("bootstrap.servers", False),
+    ],
+)
+def test_is_secret_property(key: str, secret: bool) -> None:
+    assert is_secret_property(key) is secret
+
+
+def test_redact_properties_keeps_order_and_other_values() -> None:
+    assert redact_properties({"a": "1", "ssl.key.password": "x", "b": "2"}) == {
+        "a": "1",
+        "ssl.key.password": "***",
+        "b": "2",
+    }
+
+
+# -- producer configuration -----------------------------------------------------------------------
+
+
+def test_producer_config_defaults() -> None:
+    config = load_settings(**REQUIRED).producer_config()
+    assert config["bootstrap.servers"] == "kafka:9092"
+    assert config["enable.idempotence"] == "true"
+    assert config["acks"] == "all"
+    assert config["linger.ms"] == "5"
+    assert config["message.timeout.ms"] == "0"
+    assert config["queue.buffering.max.messages"] == "20000"
+    assert config["queue.buffering.max.kbytes"] == "65536"
+    assert all(isinstance(v, str) for v in config.values())
+
+
+def test_producer_config_passes_user_properties() -> None:
+    settings = load_settings(
+        **REQUIRED,
+        producer_queue_max_messages=10,
+        kafka_producer_config={"linger.ms": 50, "compression.type": "zstd", "x.flag": True},
+    )
+    config = settings.producer_config()
+    assert config["linger.ms"] == "50"
+    assert config["compression.type"] == "zstd"
+    assert config["x.flag"] == "true"
+    assert config["queue.buffering.max.messages"] == "10"
+    assert config["enable.idempotence"] == "true"
+    assert config["acks"] == "all"
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"enable.idempotence": "true", "acks": "all"},
+        {"enable.idempotence": True, "acks": "ALL"},
+        {"enable.idempotence": "TRUE"},
+    ],
+)
+def test_enforced_properties_may_be_restated(props: dict[str, Any]) -> None:
+    config = load_settings(**REQUIRED, kafka_producer_config=props).producer_config()
+    assert config["enable.idempotence"] == "true"
+    assert config["acks"] == "all"
+
+
+@pytest.mark.parametrize(
+    ("props", "named"),
+    [
+        ({"enable.idempotence": "false"}, "enable.idempotence"),
+        ({"enable.idempotence": False}, "enable.idempotence"),
+        ({"acks": "1"}, "acks"),
+        ({"acks": 0}, "acks"),
+    ],
+)
+def test_weakening_the_producer_is_refused(props: dict[str, Any], named: str) -> None:
+    message = config_error(**REQUIRED, kafka_producer_config=props)
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert named in message
+
+
+def test_idempotence_false_from_env_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG", '{"enable.idempotence": false}')
+    message = config_error(**REQUIRED)
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert "enable.idempotence" in message
+
+
+# -- redact_url -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://relay:hunter2@db.example:5432/app",
+            "postgresql://relay:***@db.example:5432/app",
+        ),
+        ("postgres://relay:hunter2@db/app", "postgres://relay:***@db/app"),
+        ("postgresql://relay@db.example/app", "postgresql://relay@db.example/app"),
+        ("postgresql://db.example/app", "postgresql://db.example/app"),
+        ("postgresql://relay:@db/app", "postgresql://relay:***@db/app"),
+        ("postgresql://:hunter2@db/app", "postgresql://:***@db/app"),
+        ("postgresql://relay:hun@ter2@db/app", "postgresql://relay:***@db/app"),
+        ("postgresql://relay:hun%40ter2@db/app", "postgresql://relay:***@db/app"),
+        ("postgresql://relay:hun:ter2@db/app", "postgresql://relay:***@db/app"),
+        (
+            "postgresql://relay:hunter2@h1:5432,h2:5433/app",
+            "postgresql://relay:***@h1:5432,h2:5433/app",
+        ),
+        ("postgresql://relay:hunter2@[::1]:5432/app", "postgresql://relay:***@[::1]:5432/app"),
+        (
+            "postgresql://db/app?password=hunter2&sslmode=require",
+            "postgresql://db/app?password=***&sslmode=require",
+        ),
+        (
+            "postgresql://db/app?sslmode=require&password=hunter2",
+            "postgresql://db/app?sslmode=require&password=***",
+        ),
+        (
+            "postgresql://relay:hunter2@db/app?password=hunter2",
+            "postgresql://relay:***@db/app?password=***",
+        ),
+        (
+            "postgresql://relay:hunter2@db/app?application_name=x#frag",
+            "postgresql://relay:***@db/app?application_name=x#frag",
+        ),
+        (
+            "host=db user=relay password=hunter2 dbname=app",
+            "host=db user=relay password=*** dbname=app",
+        ),
+        ("host=db password='hunter 2' dbname=app", "host=db password=*** dbname=app"),
+        ("host=db password = hunter2", "host=db password = ***"),
+        ("password=hunter2", "password=***"),
+        ("host=db user=relay dbname=app", "host=db user=relay dbname=app"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+def test_redact_url_keeps_an_empty_host_part() -> None:
+    # A Unix-socket URI: the host is in the query string, the authority is empty ("///").
+    url = "postgresql:///app?host=/var/run/postgresql&password=hunter2"
+    assert redact_url(url) == "postgresql:///app?host=/var/run/postgresql&password=***"
+
+
+def test_redact_url_conninfo_with_escaped_quote_in_password() -> None:
+    # libpq conninfo: inside single quotes, \' is a literal quote.
+    redacted = redact_url(r"host=db password='it\'s hunter2' user=relay")
+    assert "hunter2" not in redacted
+    assert redacted.startswith("host=db password=***")
+    assert redacted.endswith(" user=relay")
+
+
+def test_redact_url_conninfo_with_scheme_like_password() -> None:
+    redacted = redact_url("host=db password=ab://hunter2 user=relay")
+    assert "hunter2" not in redacted

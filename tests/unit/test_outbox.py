@@ -1,0 +1,359 @@
+"""Unit tests for cdc_relay.outbox: an outbox row (pgoutput tuple) becomes a Kafka record."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from cdc_relay.outbox import MalformedEvent, OutboxMapping, OutboxRecord
+from cdc_relay.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
+
+TEXT, UUID, JSONB = 25, 2950, 3802
+TYPES = {"id": UUID, "payload": JSONB, "headers": JSONB}
+DEFAULT_COLUMNS = (
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "headers",
+    "created_at",
+)
+EVENT_ID = "6f1c1f0e-5d2b-4a8e-9b7a-0c4d2e1f3a5b"
+TEMPLATE = "outbox.event.{aggregate_type}"
+
+
+def relation(
+    columns: tuple[str, ...] = DEFAULT_COLUMNS, namespace: str = "public", name: str = "outbox"
+) -> Relation:
+    return Relation(
+        relation_id=16_385,
+        namespace=namespace,
+        name=name,
+        replica_identity="d",
+        columns=tuple(
+            RelationColumn(
+                flags=1 if column == "id" else 0,
+                name=column,
+                type_oid=TYPES.get(column, TEXT),
+                type_modifier=-1,
+            )
+            for column in columns
+        ),
+        xid=None,
+    )
+
+
+def row(columns: tuple[str, ...] = DEFAULT_COLUMNS, /, **values: Value) -> TupleData:
+    """A tuple in ``columns`` order; unspecified columns get a typical value."""
+    typical: dict[str, Value] = {
+        "id": EVENT_ID.encode(),
+        "aggregate_type": b"order",
+        "aggregate_id": b"order-42",
+        "event_type": b"OrderPlaced",
+        "payload": b'{"total": 12.50, "items": [1, 2]}',
+        "headers": None,
+        "created_at": b"2024-05-01 12:00:00+00",
+    }
+    typical.update(values)
+    return tuple(typical.get(column) for column in columns)
+
+
+def map_row(template: str = TEMPLATE, /, **values: Value) -> OutboxRecord:
+    return OutboxMapping(relation(), template).map(row(**values))
+
+
+def malformed(mapping: OutboxMapping, data: TupleData) -> MalformedEvent:
+    with pytest.raises(MalformedEvent) as info:
+        mapping.map(data)
+    return info.value
+
+
+# -- the contract ---------------------------------------------------------------------------------
+
+
+def test_maps_a_typical_row() -> None:
+    record = map_row()
+    assert record == OutboxRecord(
+        topic="outbox.event.order",
+        key=b"order-42",
+        value=b'{"total": 12.50, "items": [1, 2]}',
+        headers=[
+            ("id", EVENT_ID.encode()),
+            ("event_type", b"OrderPlaced"),
+            ("aggregate_type", b"order"),
+        ],
+        event_id=EVENT_ID,
+    )
+
+
+def test_payload_passes_through_byte_for_byte() -> None:
+    payload = b'{"b": 1.10, "a": "\\u00e9", "n": 123456789012345678901234567890}'
+    assert map_row(payload=payload).value == payload
+
+
+def test_payload_that_is_not_an_object_passes_through() -> None:
+    assert map_row(payload=b"null").value == b"null"
+    assert map_row(payload=b'"text"').value == b'"text"'
+
+
+def test_key_is_aggregate_id_utf8() -> None:
+    key = "client-é-🎉".encode()
+    assert map_row(aggregate_id=key).key == key
+
+
+@pytest.mark.parametrize(
+    ("template", "topic"),
+    [
+        ("outbox.event.{aggregate_type}", "outbox.event.order"),
+        ("{event_type}", "OrderPlaced"),
+        ("{schema}.{table}", "sales.events"),
+        ("{schema}.{table}.{aggregate_type}.{event_type}", "sales.events.order.OrderPlaced"),
+        ("static", "static"),
+        ("x.{{literal}}.{aggregate_type}", "x.{literal}.order"),
+    ],
+)
+def test_topic_template_fields(template: str, topic: str) -> None:
+    mapping = OutboxMapping(relation(namespace="sales", name="events"), template)
+    assert mapping.table == "sales.events"
+    assert mapping.map(row()).topic == topic
+
+
+def test_topic_follows_each_row() -> None:
+    mapping = OutboxMapping(relation(), "{aggregate_type}.{event_type}")
+    topics = [
+        mapping.map(row(aggregate_type=a, event_type=e)).topic
+        for a, e in [(b"order", b"Placed"), (b"invoice", b"Placed"), (b"order", b"Shipped")] * 2
+    ]
+    assert topics == [
+        "order.Placed",
+        "invoice.Placed",
+        "order.Shipped",
+        "order.Placed",
+        "invoice.Placed",
+        "order.Shipped",
+    ]
+
+
+def test_topic_stays_right_beyond_the_cache_limit() -> None:
+    mapping = OutboxMapping(relation(), TEMPLATE)
+    for i in range(4200):
+        assert mapping.map(row(aggregate_type=f"agg{i}".encode())).topic == f"outbox.event.agg{i}"
+    assert mapping.map(row(aggregate_type=b"agg0")).topic == "outbox.event.agg0"
+
+
+def test_unicode_aggregate_type_in_topic() -> None:
+    assert map_row(aggregate_type="zählung".encode()).topic == "outbox.event.zählung"
+
+
+# -- headers --------------------------------------------------------------------------------------
+
+
+def test_custom_headers_follow_the_standard_ones_in_order() -> None:
+    headers = (
+        b'{"traceparent": "00-abc-def-01", "tenant": "acme", "attempt": 3, "urgent": true, '
+        b'"ratio": 0.5, "nothing": null, "tags": ["a", "b"], "ctx": {"k": "v"}, "empty": ""}'
+    )
+    record = map_row(headers=headers)
+    assert record.headers == [
+        ("id", EVENT_ID.encode()),
+        ("event_type", b"OrderPlaced"),
+        ("aggregate_type", b"order"),
+        ("traceparent", b"00-abc-def-01"),
+        ("tenant", b"acme"),
+        ("attempt", b"3"),
+        ("urgent", b"true"),
+        ("ratio", b"0.5"),
+        ("nothing", b"null"),
+        ("tags", b'["a","b"]'),
+        ("ctx", b'{"k":"v"}'),
+        ("empty", b""),
+    ]
+
+
+def test_string_headers_are_raw_utf8_not_json() -> None:
+    record = map_row(headers='{"who": "Zoë \\"the\\" admin", "esc": "\\u00e9"}'.encode())
+    assert record.headers[3:] == [("who", 'Zoë "the" admin'.encode()), ("esc", "é".encode())]
+
+
+def test_large_numeric_header_keeps_its_json_text() -> None:
+    # jsonb numbers are arbitrary-precision numerics; the header must be the number's JSON text.
+    record = map_row(headers=b'{"sequence": 123456789012345678901234567890}')
+    assert record.headers[3:] == [("sequence", b"123456789012345678901234567890")]
+
+
+def test_null_headers_column() -> None:
+    assert len(map_row(headers=None).headers) == 3
+
+
+def test_json_null_headers() -> None:
+    assert len(map_row(headers=b"null").headers) == 3
+
+
+def test_empty_headers_object() -> None:
+    assert len(map_row(headers=b"{}").headers) == 3
+
+
+def test_no_headers_column_at_all() -> None:
+    columns = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    assert mapping.missing == []
+    record = mapping.map(row(columns))
+    assert [name for name, _ in record.headers] == ["id", "event_type", "aggregate_type"]
+
+
+@pytest.mark.parametrize("headers", [b"[1, 2]", b'"text"', b"42", b"true"])
+def test_headers_not_an_object(headers: bytes) -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(headers=headers))
+    assert "headers" in str(error)
+    assert "object" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+def test_headers_not_json() -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(headers=b"{not json"))
+    assert "headers" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+# -- column layout --------------------------------------------------------------------------------
+
+
+def test_column_order_differs_from_the_default() -> None:
+    columns = (
+        "created_at",
+        "headers",
+        "payload",
+        "event_type",
+        "aggregate_id",
+        "id",
+        "aggregate_type",
+    )
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    record = mapping.map(row(columns, headers=b'{"h": "v"}'))
+    assert record == OutboxRecord(
+        topic="outbox.event.order",
+        key=b"order-42",
+        value=b'{"total": 12.50, "items": [1, 2]}',
+        headers=[
+            ("id", EVENT_ID.encode()),
+            ("event_type", b"OrderPlaced"),
+            ("aggregate_type", b"order"),
+            ("h", b"v"),
+        ],
+        event_id=EVENT_ID,
+    )
+
+
+def test_extra_columns_are_ignored() -> None:
+    columns = ("tenant", *DEFAULT_COLUMNS, "processed")
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    assert mapping.map(row(columns, tenant=b"acme", processed=b"f")).key == b"order-42"
+
+
+def test_missing_required_column_names_it_and_the_event() -> None:
+    columns = ("id", "aggregate_type", "aggregate_id", "event_type", "headers")
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    assert mapping.missing == ["payload"]
+    error = malformed(mapping, row(columns))
+    assert "public.outbox" in str(error)
+    assert "payload" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+def test_several_missing_columns_are_all_named() -> None:
+    columns = ("id", "aggregate_type", "payload")
+    mapping = OutboxMapping(relation(columns, namespace="app", name="events"), TEMPLATE)
+    assert mapping.missing == ["aggregate_id", "event_type"]
+    error = malformed(mapping, row(columns))
+    assert str(error) == "app.events has no column(s) aggregate_id, event_type"
+    assert error.event_id == EVENT_ID
+
+
+def test_missing_id_column_gives_no_event_id() -> None:
+    columns = ("aggregate_type", "aggregate_id", "event_type", "payload")
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    assert mapping.missing == ["id"]
+    error = malformed(mapping, row(columns))
+    assert "id" in str(error)
+    assert error.event_id is None
+
+
+def test_missing_column_with_null_id_gives_no_event_id() -> None:
+    columns = ("id", "aggregate_type", "aggregate_id", "event_type")
+    error = malformed(OutboxMapping(relation(columns), TEMPLATE), row(columns, id=None))
+    assert error.event_id is None
+
+
+@pytest.mark.parametrize("column", ["aggregate_type", "aggregate_id", "event_type", "payload"])
+def test_null_required_value(column: str) -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(**{column: None}))
+    assert str(error) == f"column {column} is NULL"
+    assert error.event_id == EVENT_ID
+
+
+def test_null_id() -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(id=None))
+    assert str(error) == "column id is NULL"
+    assert error.event_id is None
+
+
+def test_unchanged_toast_required_value() -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(payload=UNCHANGED_TOAST))
+    assert str(error) == "column payload is an unchanged TOAST value"
+    assert error.event_id == EVENT_ID
+
+
+def test_row_shorter_than_the_relation() -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row()[:3])
+    assert "NULL" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+def test_malformed_event_is_a_value_error() -> None:
+    error = MalformedEvent("reason", "id-1")
+    assert isinstance(error, ValueError)
+    assert str(error) == "reason"
+    assert error.event_id == "id-1"
+    assert MalformedEvent("reason").event_id is None
+
+
+@pytest.mark.parametrize("column", ["aggregate_type", "event_type", "id"])
+def test_invalid_utf8_is_a_malformed_event(column: str) -> None:
+    with pytest.raises(MalformedEvent):
+        OutboxMapping(relation(), TEMPLATE).map(row(**{column: b"bad\xff\xfe"}))
+
+
+# -- describe_row ---------------------------------------------------------------------------------
+
+
+def test_describe_row() -> None:
+    mapping = OutboxMapping(relation(), TEMPLATE)
+    data = row(payload=UNCHANGED_TOAST, headers=None, aggregate_id=b"bad\xffbyte")
+    described = mapping.describe_row(data)
+    assert isinstance(described, bytes)
+    parsed = orjson.loads(described)
+    assert list(parsed) == list(DEFAULT_COLUMNS)
+    assert parsed == {
+        "id": EVENT_ID,
+        "aggregate_type": "order",
+        "aggregate_id": "bad\ufffdbyte",
+        "event_type": "OrderPlaced",
+        "payload": "<unchanged toast>",
+        "headers": None,
+        "created_at": "2024-05-01 12:00:00+00",
+    }
+
+
+def test_describe_row_keeps_json_columns_as_text() -> None:
+    described = OutboxMapping(relation(), TEMPLATE).describe_row(row(headers=b'{"a": 1}'))
+    parsed = orjson.loads(described)
+    assert parsed["payload"] == '{"total": 12.50, "items": [1, 2]}'
+    assert parsed["headers"] == '{"a": 1}'
+
+
+def test_describe_row_of_a_short_row_and_a_malformed_relation() -> None:
+    columns = ("id", "aggregate_type", "payload")
+    mapping = OutboxMapping(relation(columns), TEMPLATE)
+    assert orjson.loads(mapping.describe_row((b"e1",))) == {"id": "e1"}
+    assert orjson.loads(mapping.describe_row(())) == {}
