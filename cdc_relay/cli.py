@@ -35,12 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cdc-relay {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser("run", help="run the relay (the default command)")
-    for target in (parser, run):
-        _add_setting_flags(target)
+    # The flags work before and after "run"; each parser keeps its own --kafka-property list,
+    # because a subparser's list would replace (not extend) the top-level one.
+    _add_setting_flags(parser, "kafka_property")
+    _add_setting_flags(run, "run_kafka_property")
     return parser
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+def _add_setting_flags(parser: argparse.ArgumentParser, property_dest: str) -> None:
     group = parser.add_argument_group("settings")
     for name, field in Settings.model_fields.items():
         if name in _SPECIAL_FLAGS:
@@ -61,7 +63,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             )
     group.add_argument(
         "--kafka-property",
-        dest="kafka_property",
+        dest=property_dest,
         action="append",
         default=argparse.SUPPRESS,
         metavar="KEY=VALUE",
@@ -75,13 +77,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         for name in Settings.model_fields
         if name not in _SPECIAL_FLAGS
     }
-    properties = getattr(args, "kafka_property", None)
+    properties = [
+        *getattr(args, "kafka_property", []),
+        *getattr(args, "run_kafka_property", []),
+    ]
     if properties:
         props = {}
         for item in properties:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise ConfigError(f"--kafka-property expects KEY=VALUE, got {key!r}")
+                # Not echoed: the argument may well be a credential with a typo.
+                raise ConfigError("--kafka-property expects KEY=VALUE (an argument lacks '=')")
             props[key.strip()] = value
         # Flags extend what the environment configured rather than replacing it.
         base = load_settings(**overrides).kafka_producer_config

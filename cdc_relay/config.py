@@ -11,7 +11,7 @@ import re
 import string
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -25,6 +25,9 @@ TOPIC_TEMPLATE_FIELDS = frozenset({"aggregate_type", "event_type", "table", "sch
 # librdkafka properties whose values are credentials; any key containing these fragments is masked.
 _SECRET_KEY_FRAGMENTS = ("password", "secret", "jaas", "oauthbearer.config", ".pem", "token")
 
+_URI_SCHEME = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
+# libpq key/value syntax: a single-quoted value may contain \' and \\ escapes.
+_CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
@@ -172,6 +175,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"{key} must stay {forced}: ordering and no-loss depend on it")
         return props
 
+    def __repr_args__(self) -> Any:
+        # repr()/str() must be as safe to log as describe(): mask credential properties.
+        for name, value in super().__repr_args__():
+            if name == "kafka_producer_config" and isinstance(value, dict):
+                yield name, redact_properties(value)
+            else:
+                yield name, value
+
     @property
     def outbox_schema_and_name(self) -> tuple[str, str]:
         schema, name = self.outbox_table.split(".")
@@ -205,17 +216,22 @@ def env_name(field: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """Drop the password from a libpq URI (and from a ``password=`` key/value string)."""
-    if "://" not in url:
-        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
+    """Drop the password from a libpq URI, or from a ``key=value`` connection string."""
+    if not _URI_SCHEME.match(url):
+        return _CONNINFO_PASSWORD.sub(r"\1***", url)
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Rebuilt by hand: urlunsplit drops an empty authority (postgresql:///db?host=/socket).
+    redacted = f"{parts.scheme}://{netloc}{parts.path}"
+    if parts.query:
+        redacted += "?" + re.sub(r"(password=)[^&]*", r"\1***", parts.query)
+    if parts.fragment:
+        redacted += "#" + parts.fragment
+    return redacted
 
 
 def is_secret_property(key: str) -> bool:

@@ -48,7 +48,9 @@ class JsonFormatter(logging.Formatter):
 
 def _plain(value: object) -> str:
     text = str(value)
-    return f'"{text}"' if " " in text or not text else text
+    if not text or any(c in text for c in ' "=\n\r\t'):
+        return orjson.dumps(text).decode()  # quoted and escaped: one event, one line
+    return text
 
 
 def configure(level: str = "INFO", fmt: str = "plain") -> None:

@@ -3,12 +3,14 @@
 The contract: topic = the template applied to the row; key = ``aggregate_id`` (UTF-8); value =
 ``payload`` (the jsonb's text form, already valid JSON, passed through unparsed); headers ``id``,
 ``event_type``, ``aggregate_type``, then each top-level entry of the ``headers`` column (strings as
-they are, other JSON values as their JSON text). A row that cannot be mapped raises
-:class:`MalformedEvent`, which the relay dead-letters instead of dropping.
+they are, other JSON values as their JSON text, exactly as PostgreSQL printed it). A row that
+cannot be mapped raises :class:`MalformedEvent`, which the relay dead-letters, never drops.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import NamedTuple
 
 import orjson
@@ -106,12 +108,15 @@ class OutboxMapping:
         cache_key = (aggregate_type, event_type)
         topic = self._topics.get(cache_key)
         if topic is None:
-            topic = self._template.format(
-                aggregate_type=aggregate_type.decode(),
-                event_type=event_type.decode(),
-                table=self.relation.name,
-                schema=self.relation.namespace,
-            )
+            try:
+                topic = self._template.format(
+                    aggregate_type=aggregate_type.decode(),
+                    event_type=event_type.decode(),
+                    table=self.relation.name,
+                    schema=self.relation.namespace,
+                )
+            except UnicodeDecodeError:
+                raise MalformedEvent("aggregate_type or event_type is not valid UTF-8") from None
             if len(self._topics) >= _TOPIC_CACHE_LIMIT:
                 self._topics.clear()
             self._topics[cache_key] = topic
@@ -129,7 +134,10 @@ def _text(row: TupleData, index: int, name: str, event_id: str | None) -> str:
     value = row[index] if index < len(row) else None
     if not isinstance(value, bytes):
         raise MalformedEvent(f"column {name} is {_describe(value)}", event_id)
-    return value.decode()
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise MalformedEvent(f"column {name} is not valid UTF-8", event_id) from None
 
 
 def _describe(value: object) -> str:
@@ -137,15 +145,48 @@ def _describe(value: object) -> str:
 
 
 def _header_entries(raw: bytes, event_id: str) -> list[tuple[str, bytes]]:
+    """Top-level entries of the headers object; non-string values keep their exact JSON text.
+
+    Values are sliced out of the text rather than parsed and re-serialised, so that a number
+    like 123456789012345678901234567890 or 1.10 travels as PostgreSQL printed it.
+    """
     try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        text = raw.decode()
+        pos = _skip_space(text, 0)
+        if text.startswith("null", pos):
+            return []
+        if not text.startswith("{", pos):
+            raise MalformedEvent("column headers must be a JSON object", event_id)
+        entries: list[tuple[str, bytes]] = []
+        pos = _skip_space(text, pos + 1)
+        if text.startswith("}", pos):
+            return entries
+        while True:
+            name, pos = _JSON.raw_decode(text, pos)
+            pos = _skip_space(text, pos)
+            if not isinstance(name, str) or not text.startswith(":", pos):
+                raise ValueError("expected a key")
+            pos = _skip_space(text, pos + 1)
+            value, end = _JSON.raw_decode(text, pos)
+            entries.append(
+                (name, value.encode() if isinstance(value, str) else text[pos:end].encode())
+            )
+            pos = _skip_space(text, end)
+            if text.startswith("}", pos):
+                return entries
+            if not text.startswith(",", pos):
+                raise ValueError("expected , or }")
+            pos = _skip_space(text, pos + 1)
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, MalformedEvent):
+            raise
         raise MalformedEvent("column headers is not valid JSON", event_id) from None
-    if parsed is None:
-        return []
-    if not isinstance(parsed, dict):
-        raise MalformedEvent("column headers must be a JSON object", event_id)
-    return [
-        (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
-        for name, value in parsed.items()
-    ]
+
+
+_JSON = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_space(text: str, pos: int) -> int:
+    match = _SPACE.match(text, pos)
+    return match.end() if match else pos

@@ -165,7 +165,7 @@ def test_concurrent_writers_arrive_complete_in_commit_order(
         # jsonb orders keys its own way; each entry arrives once, after the three fixed headers.
         assert sorted(record.headers[3:]) == [
             ("attempt", b"1"),  # non-string JSON values travel as their JSON text
-            ("tags", b'["a","b"]'),
+            ("tags", b'["a", "b"]'),  # PostgreSQL's jsonb text, unchanged
             ("trace", headers["trace"].encode()),  # strings travel as they are
         ]
 

@@ -165,8 +165,8 @@ def test_custom_headers_follow_the_standard_ones_in_order() -> None:
         ("urgent", b"true"),
         ("ratio", b"0.5"),
         ("nothing", b"null"),
-        ("tags", b'["a","b"]'),
-        ("ctx", b'{"k":"v"}'),
+        ("tags", b'["a", "b"]'),  # the JSON text exactly as stored
+        ("ctx", b'{"k": "v"}'),
         ("empty", b""),
     ]
 
