@@ -35,10 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cdc-relay {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = commands.add_parser("run", help="run the relay (the default command)")
+    demo = commands.add_parser("demo", help="try it: throw-away PostgreSQL, broker and relay")
+    demo.add_argument("--events", type=int, metavar="N", help="stop after N delivered events")
+    demo.add_argument("--rate", type=float, metavar="R", help="events written per second (20)")
     # The flags work before and after "run"; each parser keeps its own --kafka-property list,
     # because a subparser's list would replace (not extend) the top-level one.
     _add_setting_flags(parser, "kafka_property")
     _add_setting_flags(run, "run_kafka_property")
+    status = commands.add_parser(
+        "status", help="where the relay stands: slot, recorded position, live counters"
+    )
+    status.add_argument(
+        "--relay-host", default="127.0.0.1", help="host of the running relay's HTTP server"
+    )
+    _add_setting_flags(status, "status_kafka_property")
     return parser
 
 
@@ -78,8 +88,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if name not in _SPECIAL_FLAGS
     }
     properties = [
-        *getattr(args, "kafka_property", []),
-        *getattr(args, "run_kafka_property", []),
+        item
+        for dest in ("kafka_property", "run_kafka_property", "status_kafka_property")
+        for item in getattr(args, dest, [])
     ]
     if properties:
         props = {}
@@ -97,12 +108,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from cdc_relay.demo import main as demo_main  # noqa: PLC0415 - servers, Kafka: late
+
+        return demo_main(args)
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
         print(f"cdc-relay: {exc}", file=sys.stderr)
         return exc.exit_code
     configure(settings.log_level, settings.log_format.value)
+    if args.command == "status":
+        from cdc_relay.status import main as status_main  # noqa: PLC0415 - only for this command
+
+        return status_main(settings, args.relay_host)
     return run(settings)
 
 

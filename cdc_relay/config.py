@@ -115,6 +115,19 @@ class Settings(BaseSettings):
     producer_queue_max_kbytes: int = Field(
         65_536, ge=1, description="Kilobytes buffered in the producer before reading pauses."
     )
+    http_port: int = Field(
+        8080, ge=0, le=65535, description="Port of /healthz /readyz /metrics /status; 0 disables."
+    )
+    ready_max_lag_seconds: float = Field(
+        60.0, gt=0, description="/readyz fails while the relay lags more than this."
+    )
+    traceparent_column: str = Field(
+        "traceparent",
+        description="Outbox column of a W3C traceparent (Debezium's tracingspancontext works too).",
+    )
+    progress_interval: float = Field(
+        5.0, gt=0, description="Seconds between progress lines while catching up on a backlog."
+    )
     log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
 
@@ -135,7 +148,7 @@ class Settings(BaseSettings):
             raise ValueError("lower-case letters, digits and underscores, at most 63")
         return value
 
-    @field_validator("publication_name", "state_schema")
+    @field_validator("publication_name", "state_schema", "traceparent_column")
     @classmethod
     def _identifier(cls, value: str) -> str:
         if not _IDENTIFIER.match(value):

@@ -35,6 +35,11 @@ class OutboxRecord(NamedTuple):
     value: bytes
     headers: list[tuple[str, bytes]]
     event_id: str
+    traceparent: bytes | None = None  # also headers[3] when set
+
+
+TRACEPARENT_HEADER_INDEX = 3
+DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 
 
 class MalformedEvent(ValueError):
@@ -48,7 +53,9 @@ class MalformedEvent(ValueError):
 class OutboxMapping:
     """The column positions of one outbox relation, resolved once per Relation message."""
 
-    def __init__(self, relation: Relation, topic_template: str) -> None:
+    def __init__(
+        self, relation: Relation, topic_template: str, traceparent_column: str = "traceparent"
+    ) -> None:
         self.relation = relation
         self.table = f"{relation.namespace}.{relation.name}"
         positions = {column.name: i for i, column in enumerate(relation.columns)}
@@ -63,6 +70,8 @@ class OutboxMapping:
             self._event_type = positions[EVENT_TYPE]
             self._payload = positions[PAYLOAD]
         self._headers = positions.get(HEADERS)
+        self._traceparent = positions.get(traceparent_column)
+        self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
 
     def map(self, row: TupleData) -> OutboxRecord:
         if self.missing:
@@ -79,13 +88,33 @@ class OutboxMapping:
             ("event_type", event_type),
             ("aggregate_type", aggregate_type),
         ]
+        traceparent = self._read_traceparent(row)
+        if traceparent is not None:
+            headers.append(("traceparent", traceparent))
         if self._headers is not None:
             extra = row[self._headers]
             if isinstance(extra, bytes):
                 headers.extend(_header_entries(extra, event_id))
         return OutboxRecord(
-            self._topic(aggregate_type, event_type), aggregate_id, payload, headers, event_id
+            self._topic(aggregate_type, event_type),
+            aggregate_id,
+            payload,
+            headers,
+            event_id,
+            traceparent,
         )
+
+    def _read_traceparent(self, row: TupleData) -> bytes | None:
+        if self._traceparent is not None:
+            value = row[self._traceparent]
+            if isinstance(value, bytes) and value:
+                return value.strip()
+        if self._span_context is not None:
+            value = row[self._span_context]
+            if isinstance(value, bytes):
+                found = traceparent_from_span_context(value.decode("utf-8", "replace"))
+                return found.encode() if found else None
+        return None
 
     def describe_row(self, row: TupleData) -> bytes:
         """The row as a JSON object of column texts, for a dead-letter record."""
@@ -190,3 +219,15 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 def _skip_space(text: str, pos: int) -> int:
     match = _SPACE.match(text, pos)
     return match.end() if match else pos
+
+
+def traceparent_from_span_context(text: str) -> str | None:
+    """Accept a bare ``traceparent`` or Debezium's ``tracingspancontext`` (properties text)."""
+    text = text.strip()
+    if "=" not in text:
+        return text or None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "traceparent":
+            return value.strip() or None
+    return None

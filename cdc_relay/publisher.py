@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from cdc_relay.errors import SinkUnavailable
+from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,8 @@ class DeliveryFailure:
 class DeliveryTracker:
     """Counts acknowledgements and collects failures; callbacks only touch plain attributes."""
 
-    delivered: int = 0
-    dead_lettered: int = 0
+    stats: RelayStats
+    acked: int = 0  # this session's acknowledgements, published or dead-lettered
     failures: list[DeliveryFailure] = field(default_factory=list)
 
     def callback(
@@ -119,15 +120,22 @@ class DeliveryTracker:
     ) -> TransactionCallback:
         """The delivery callback of ``txn``'s records; bind each record's headers with partial."""
         failures = self.failures
+        stats = self.stats
+        by_topic = stats.published_by_topic
+        observe = stats.latency.observe
+        commit_time = txn.commit_time
 
         def on_delivery(headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err is None:
                 txn.pending -= 1
+                self.acked += 1
                 if dead_letter:
-                    self.dead_lettered += 1
+                    stats.dead_lettered += 1
                 else:
-                    self.delivered += 1
+                    by_topic[msg.topic()] += 1
+                    observe(time.time() - commit_time)
             elif err.code() not in _PURGED:
+                stats.producer_errors += 1
                 failures.append(
                     DeliveryFailure(
                         txn,
@@ -177,10 +185,10 @@ class ProduceRefused(Exception):
 class Publisher:
     """A thin, typed wrapper of one idempotent Producer."""
 
-    def __init__(self, config: dict[str, str]) -> None:
+    def __init__(self, config: dict[str, str], stats: RelayStats) -> None:
+        self._stats = stats
         self._last_error_log = 0.0
         self.fatal_error: str | None = None
-        self.broker_down = False
         self._producer = Producer(
             {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
         )
@@ -219,11 +227,17 @@ class Publisher:
         # librdkafka's threads and connections go away now, not at some later garbage collection.
         del self._producer, self.produce_raw, self.poll
 
+    def probe(self, timeout: float) -> None:
+        """Ask a broker for metadata; raises SinkUnavailable when none answers in time."""
+        try:
+            self._producer.list_topics(timeout=timeout)
+        except (KafkaException, AttributeError) as exc:  # AttributeError: closed meanwhile
+            raise SinkUnavailable(f"Kafka broker unreachable: {exc}") from None
+
     def _on_error(self, err: KafkaError) -> None:
+        self._stats.producer_errors += 1
         if err.fatal():
             self.fatal_error = err.str()
-        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
-            self.broker_down = err.code() == KafkaError._ALL_BROKERS_DOWN or self.broker_down
         now = time.monotonic()
         if err.fatal() or now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now

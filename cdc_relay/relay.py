@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import psycopg
+from opentelemetry.trace import Span
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import PoisonPolicy, Settings
@@ -29,7 +31,11 @@ from cdc_relay.errors import (
     SourceUnavailable,
 )
 from cdc_relay.lsn import format_lsn
-from cdc_relay.outbox import MalformedEvent, OutboxMapping
+from cdc_relay.observability.http import HealthServer
+from cdc_relay.observability.metrics import RelayMetrics
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.tracing import Tracing
+from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, OutboxMapping
 from cdc_relay.pgoutput import (
     Begin,
     Commit,
@@ -49,8 +55,13 @@ from cdc_relay.publisher import (
     TransactionCallback,
     error_name,
 )
-from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, XLOG_DATA_HEADER
-from cdc_relay.replication.source import SourceDatabase, connect
+from cdc_relay.replication.protocol import (
+    PRIMARY_KEEPALIVE,
+    XLOG_DATA,
+    XLOG_DATA_HEADER,
+    postgres_time_to_unix,
+)
+from cdc_relay.replication.source import SourceDatabase, connect, retained_wal
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.watermark import PendingTransaction, Watermark
 
@@ -63,27 +74,30 @@ STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sende
 STALL_WARNING_AFTER = 10.0
 _XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
 _KEEPALIVE_WAL_END = slice(1, 9)
+_XLOG_WAL_END = slice(9, 17)
+READY_PROBE_TIMEOUT = 2.0
+READY_STALL_AFTER = 5.0  # seconds without an acknowledgement (records waiting) -> not ready
+RETAINED_WAL_CHECK_INTERVAL = 10.0
 
 
 class _Stopping(Exception):
     """Raised inside a session when a stop was requested; unwinds to the shutdown path."""
 
 
-@dataclass
-class RelayStats:
-    published: int = 0
-    dead_lettered: int = 0
-    transactions: int = 0
-    sessions: int = 0
-    confirmed_lsn: int = 0
-
-
 class Relay:
     """Runs sessions until asked to stop; raises a RelayError for conditions it cannot fix."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tracing: Tracing | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.settings = settings
         self.stats = RelayStats()
+        self.tracing = tracing or Tracing()
+        self._registry = registry
         self._stop = threading.Event()
         self._stopping = False
         self._fatal: RelayError | None = None
@@ -104,7 +118,46 @@ class Relay:
         self._fatal = error
         self.request_stop()
 
+    def readiness(self) -> tuple[bool, str]:
+        """For /readyz: streaming, Kafka answering and acknowledging, lag under the bound."""
+        stats = self.stats
+        if not stats.streaming:
+            return False, "not streaming from the replication slot"
+        if stats.delivery_stalled:
+            return False, "Kafka is not acknowledging records"
+        lag = stats.lag_seconds()
+        if lag > self.settings.ready_max_lag_seconds:
+            return (
+                False,
+                f"lagging {lag:.0f}s behind (bound {self.settings.ready_max_lag_seconds:g}s)",
+            )
+        publisher = self._publisher
+        if publisher is None:
+            return False, "no Kafka producer"
+        try:
+            publisher.probe(READY_PROBE_TIMEOUT)
+        except SinkUnavailable as exc:
+            return False, str(exc)
+        return True, "streaming"
+
     def run(self) -> None:
+        """Serve metrics and health while relaying, until stopped."""
+        metrics = RelayMetrics(self.stats, self._registry or _process_registry())
+        server = None
+        if self.settings.http_port:
+            server = HealthServer(
+                self.settings.http_port, self.stats, metrics.prometheus_text, self.readiness
+            )
+            server.start()
+        try:
+            self._run_sessions()
+        finally:
+            if server is not None:
+                server.stop()
+            metrics.shutdown()
+            self.tracing.shutdown()
+
+    def _run_sessions(self) -> None:
         backoff = 0.5
         first = True
         try:
@@ -113,6 +166,8 @@ class Relay:
                 try:
                     self._session()
                 except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
+                    self.stats.streaming = False
+                    self.stats.reconnects += 1
                     if self.stats.published != published_before:
                         backoff = 0.5  # the session did work: this is a new failure
                     if first and isinstance(exc, SlotInUse):
@@ -146,7 +201,7 @@ class Relay:
             start = self._prepare(conn)
             store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
             if self._publisher is None:
-                self._publisher = Publisher(settings.producer_config())
+                self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(
                 url,
                 settings.slot_name,
@@ -158,11 +213,14 @@ class Relay:
             )
             stream.open()
             self.stats.sessions += 1
+            self.stats.streaming = True
             log.info(
                 "streaming",
                 extra={"fields": {"slot": settings.slot_name, "start_lsn": format_lsn(start)}},
             )
-            session = _Session(self, stream, store, self._publisher, start)
+            session = _Session(
+                self, stream=stream, store=store, conn=conn, publisher=self._publisher, start=start
+            )
             try:
                 session.stream()
             except _Stopping:
@@ -173,8 +231,7 @@ class Relay:
                 raise
             finally:
                 self._confirmed = session.watermark.advance()
-                self.stats.published += session.tracker.delivered
-                self.stats.dead_lettered += session.tracker.dead_lettered
+                self.stats.streaming = False
                 stream.close()
 
     def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
@@ -225,18 +282,23 @@ class _Session:
     def __init__(
         self,
         relay: Relay,
+        *,
         stream: ReplicationStream,
         store: PostgresCheckpointStore,
+        conn: psycopg.Connection[tuple[object, ...]],
         publisher: Publisher,
         start: int,
     ) -> None:
         self.relay = relay
         self.settings = relay.settings
+        self.stats = relay.stats
         self.stream_conn = stream
         self.store = store
+        self.conn = conn
         self.publisher = publisher
+        self.tracing = relay.tracing
         self.watermark = Watermark(start)
-        self.tracker = DeliveryTracker()
+        self.tracker = DeliveryTracker(relay.stats)
         self.decoder = PgOutputDecoder()
         schema, table = self.settings.outbox_schema_and_name
         self.outbox_name = (schema, table)
@@ -251,6 +313,8 @@ class _Session:
         self.last_stall_warning = now
         self.delivered_at_last_check = 0
         self.delivered_at_confirm = 0
+        self.last_retained_check = 0.0
+        self.progress = _Progress(start, relay.stats.published)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -259,6 +323,7 @@ class _Session:
         read = self.stream_conn.read
         decode = self.decoder.decode
         watermark = self.watermark
+        stats = self.stats
         txn: PendingTransaction | None = None
         callback: TransactionCallback | None = None
         callback_table = ""
@@ -286,16 +351,20 @@ class _Session:
                     else:
                         self.ignore(message.relation_id)
                 elif isinstance(message, Begin):
-                    txn = watermark.open(message.final_lsn)
+                    txn = watermark.open(
+                        message.final_lsn, postgres_time_to_unix(message.commit_ts)
+                    )
                     callback = None
                 elif isinstance(message, Commit):
                     if txn is None:
                         raise ProtocolError("Commit without Begin in the replication stream")
                     watermark.seal(txn, message.end_lsn)
-                    relay.stats.transactions += 1
+                    stats.transactions += 1
                     txn = None
                     callback = None
                     self.received = max(self.received, message.end_lsn)
+                    wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
+                    stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 elif isinstance(message, Relation):
                     self.on_relation(message)
                 elif isinstance(message, StreamStart):
@@ -308,6 +377,7 @@ class _Session:
             elif kind == PRIMARY_KEEPALIVE:
                 wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
                 self.received = max(self.received, wal_end)
+                stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
                 self.housekeeping(txn is None, reply=bool(data[17]))
@@ -318,7 +388,9 @@ class _Session:
         if (relation.namespace, relation.name) != self.outbox_name:
             self.mappings.pop(relation.relation_id, None)
             return
-        mapping = OutboxMapping(relation, self.settings.topic_template)
+        mapping = OutboxMapping(
+            relation, self.settings.topic_template, self.settings.traceparent_column
+        )
         if mapping.missing:
             log.error(
                 "outbox table lacks required columns; its rows will be dead-lettered",
@@ -361,6 +433,14 @@ class _Session:
                 )
             )
             return
+        if record.traceparent is not None and self.tracing.enabled:
+            span, traceparent = self.tracing.start_publish(
+                record.traceparent, record.event_id, record.topic
+            )
+            record.headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", traceparent)
+            on_delivery = partial(_traced, span, callback, record.headers)
+        else:
+            on_delivery = partial(callback, record.headers)
         while True:
             try:
                 self.publisher.produce_raw(
@@ -368,7 +448,7 @@ class _Session:
                     record.value,
                     record.key,
                     headers=record.headers,
-                    on_delivery=partial(callback, record.headers),
+                    on_delivery=on_delivery,
                 )
                 txn.pending += 1
                 return
@@ -481,10 +561,21 @@ class _Session:
             self.handle_failures()
         publisher.check_fatal()
         now = time.monotonic()
+        stats = self.stats
+        stats.last_loop = now
         self.check_progress(now)
-        confirmed = self.watermark.advance()
+        watermark = self.watermark
+        confirmed = watermark.advance()
+        stats.last_acked_commit_time = watermark.confirmed_commit_time
+        stats.caught_up = (
+            watermark.pending_transactions == 0 and self.received >= stats.server_wal_end
+        )
+        self.progress.maybe_log(now, self.received, stats, self.settings.progress_interval)
+        if now - self.last_retained_check >= RETAINED_WAL_CHECK_INTERVAL:
+            self.last_retained_check = now
+            stats.retained_wal_bytes = retained_wal(self.conn, self.settings.slot_name)
         if confirmed > self.sent_flush:
-            published = self.tracker.delivered + self.tracker.dead_lettered
+            published = self.tracker.acked
             if published != self.delivered_at_confirm:
                 due = now - self.last_confirm >= self.settings.confirm_interval
             else:
@@ -500,12 +591,15 @@ class _Session:
 
     def check_progress(self, now: float) -> None:
         in_flight = self.publisher.in_flight()
-        delivered = self.tracker.delivered + self.tracker.dead_lettered
+        self.stats.in_flight = in_flight
+        delivered = self.tracker.acked
         if in_flight == 0 or delivered != self.delivered_at_last_check:
             self.delivered_at_last_check = delivered
             self.last_progress = now
+            self.stats.delivery_stalled = False
             return
         stalled = now - self.last_progress
+        self.stats.delivery_stalled = stalled >= READY_STALL_AFTER
         if stalled >= self.settings.delivery_stall_timeout:
             raise SinkUnavailable(
                 f"no Kafka delivery progress for {stalled:.0f}s with {in_flight} records in "
@@ -561,9 +655,61 @@ class _Session:
             extra={
                 "fields": {
                     "confirmed_lsn": format_lsn(self.sent_flush),
-                    "published": self.tracker.delivered,
-                    "dead_lettered": self.tracker.dead_lettered,
+                    "published": self.stats.published,
+                    "dead_lettered": self.stats.dead_lettered,
                     "unacknowledged": remaining,
                 }
             },
         )
+
+
+def _traced(
+    span: Span,
+    callback: TransactionCallback,
+    headers: list[tuple[str, bytes]],
+    err: Any,
+    msg: Any,
+) -> None:
+    Tracing.end_publish(span, err, msg)
+    callback(headers, err, msg)
+
+
+def _process_registry() -> CollectorRegistry:
+    """A registry of our own (several relays may share a process in tests) with process metrics."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+class _Progress:
+    """A progress line every few seconds while a backlog is read, so catch-up never looks hung."""
+
+    BACKLOG_BYTES = 1024 * 1024  # below this the relay counts as keeping up
+
+    def __init__(self, received: int, published: int) -> None:
+        self.at = time.monotonic()
+        self.received = received
+        self.published = published
+
+    def maybe_log(self, now: float, received: int, stats: RelayStats, interval: float) -> None:
+        if now - self.at < interval:
+            return
+        remaining = max(stats.server_wal_end - received, 0)
+        elapsed = now - self.at
+        published = stats.published
+        if remaining >= self.BACKLOG_BYTES:
+            byte_rate = (received - self.received) / elapsed
+            eta = remaining / byte_rate if byte_rate > 0 else None
+            log.info(
+                "catching up",
+                extra={
+                    "fields": {
+                        "events_per_s": round((published - self.published) / elapsed),
+                        "remaining_bytes": remaining,
+                        "eta_s": round(eta, 1) if eta is not None else "unknown",
+                    }
+                },
+            )
+        self.at, self.received, self.published = now, received, published

@@ -14,10 +14,11 @@ from collections import deque
 class PendingTransaction:
     """One source transaction on its way to Kafka."""
 
-    __slots__ = ("commit_lsn", "end_lsn", "pending", "sealed")
+    __slots__ = ("commit_lsn", "commit_time", "end_lsn", "pending", "sealed")
 
-    def __init__(self, commit_lsn: int) -> None:
+    def __init__(self, commit_lsn: int, commit_time: float = 0.0) -> None:
         self.commit_lsn = commit_lsn
+        self.commit_time = commit_time  # Unix seconds, for latency and lag
         self.end_lsn = 0
         self.pending = 0
         self.sealed = False
@@ -32,11 +33,12 @@ class Watermark:
 
     def __init__(self, start: int) -> None:
         self.confirmed = start
+        self.confirmed_commit_time = 0.0  # commit time of the newest fully acknowledged txn
         self._queue: deque[PendingTransaction] = deque()
 
-    def open(self, commit_lsn: int) -> PendingTransaction:
+    def open(self, commit_lsn: int, commit_time: float = 0.0) -> PendingTransaction:
         """A Begin: the transaction joins the queue at once, so nothing after it can pass it."""
-        txn = PendingTransaction(commit_lsn)
+        txn = PendingTransaction(commit_lsn, commit_time)
         self._queue.append(txn)
         return txn
 
@@ -50,7 +52,9 @@ class Watermark:
         """Drop finished transactions from the head; returns the (possibly new) watermark."""
         queue = self._queue
         while queue and queue[0].done:
-            self.confirmed = max(self.confirmed, queue.popleft().end_lsn)
+            txn = queue.popleft()
+            self.confirmed = max(self.confirmed, txn.end_lsn)
+            self.confirmed_commit_time = txn.commit_time
         return self.confirmed
 
     def idle(self, wal_end: int) -> bool:

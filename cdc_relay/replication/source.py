@@ -195,3 +195,16 @@ class SourceDatabase:
 
     def current_wal_lsn(self) -> int:
         return parse_lsn(str(self._scalar("SELECT pg_current_wal_lsn()::text")))
+
+
+def retained_wal(conn: psycopg.Connection[tuple[object, ...]], slot_name: str) -> int | None:
+    """Bytes of WAL the slot keeps on the server (None if the slot is gone)."""
+    try:
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s",
+            (slot_name,),
+        ).fetchone()
+    except psycopg.OperationalError as exc:
+        raise SourceUnavailable(f"cannot read the slot's retained WAL: {exc}") from None
+    return int(str(row[0])) if row and row[0] is not None else None

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -115,6 +118,7 @@ def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> d
         "CDC_RELAY_TOPIC_TEMPLATE": f"{unique}.{{aggregate_type}}",
         "CDC_RELAY_DEAD_LETTER_TOPIC": f"{unique}.dead_letter",
         "CDC_RELAY_LOG_LEVEL": "DEBUG",
+        "CDC_RELAY_HTTP_PORT": "0",  # tests that need the HTTP server pass a free port
     }
     env.update({f"CDC_RELAY_{k.upper()}": v for k, v in extra.items()})
     return env
@@ -207,3 +211,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s: {message}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), bytes(exc.read())

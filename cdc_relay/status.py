@@ -1,0 +1,83 @@
+"""``python -m cdc_relay status``: where the relay stands, from the database and the running relay.
+
+The database side (slot, recorded position, retained WAL) is read directly; the live numbers
+(events published since start, in flight, lag) come from the running relay's ``/status``
+endpoint — the same counters ``/metrics`` exports.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc_relay.checkpoint import STATE_TABLE
+from cdc_relay.config import Settings
+from cdc_relay.errors import SourceError
+from cdc_relay.replication.source import connect
+
+
+def database_status(settings: Settings) -> dict[str, Any]:
+    with connect(settings.database_url.get_secret_value()) as conn:
+        slot = conn.execute(
+            "SELECT active_pid, confirmed_flush_lsn::text, wal_status, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s",
+            (settings.slot_name,),
+        ).fetchone()
+        result: dict[str, Any] = {"slot": settings.slot_name, "slot_exists": slot is not None}
+        if slot is not None:
+            pid, confirmed, wal_status, retained, behind = slot
+            result |= {
+                "slot_active_pid": pid,
+                "confirmed_lsn": confirmed,
+                "wal_status": wal_status,
+                "retained_wal_bytes": retained,
+                "unconfirmed_wal_bytes": behind,
+            }
+        try:
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT confirmed_lsn::text, updated_at FROM {} WHERE slot_name = %s"
+                ).format(sql.Identifier(settings.state_schema, STATE_TABLE)),
+                (settings.slot_name,),
+            ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        result["recorded_lsn"] = row[0] if row else None
+        result["recorded_at"] = str(row[1]) if row else None
+    return result
+
+
+def relay_status(port: int, host: str = "127.0.0.1") -> dict[str, Any] | None:
+    """The running relay's live counters, or None when it does not answer."""
+    if not port:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=3) as response:
+            data = orjson.loads(response.read())
+    except (urllib.error.URLError, OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def main(settings: Settings, relay_host: str = "127.0.0.1") -> int:
+    try:
+        database = database_status(settings)
+    except SourceError as exc:
+        print(f"database: {exc}")
+        return exc.exit_code
+    for key, value in database.items():
+        print(f"{key}: {value}")
+    live = relay_status(settings.http_port, relay_host)
+    if live is None:
+        print(f"relay: not answering on port {settings.http_port} (not running, or elsewhere)")
+    else:
+        for key, value in live.items():
+            print(f"relay.{key}: {value}")
+    return 0 if database["slot_exists"] else 1
