@@ -71,7 +71,8 @@ class HealthServer:
         log.info("http server listening", extra={"fields": {"port": self.port}})
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._httpd.shutdown()  # waits for serve_forever, so only when it runs
         self._httpd.server_close()
 
     def respond(self, path: str) -> tuple[int, str, bytes]:
