@@ -42,6 +42,13 @@ class PoisonPolicy(StrEnum):
     STOP = "stop"
 
 
+class Plugin(StrEnum):
+    """The logical decoding output plugin of the slot."""
+
+    PGOUTPUT = "pgoutput"
+    WAL2JSON = "wal2json"
+
+
 class LogFormat(StrEnum):
     PLAIN = "plain"
     JSON = "json"
@@ -65,6 +72,10 @@ class Settings(BaseSettings):
     outbox_table: str = Field("public.outbox", description="Outbox table, schema-qualified.")
     slot_name: str = Field("cdc_relay", description="Logical replication slot name.")
     publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
+    plugin: Plugin = Field(
+        Plugin.PGOUTPUT,
+        description="Output plugin: pgoutput (built in, binary) or wal2json (format-version 2).",
+    )
     topic_template: str = Field(
         "outbox.event.{aggregate_type}",
         description="Topic per event; fields {aggregate_type} {event_type} {table} {schema}.",

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import PoisonPolicy, Settings
+from cdc_relay.decoding import decoder_for, plugin_options_for
 from cdc_relay.errors import (
     PoisonRecordError,
     ProtocolError,
@@ -41,7 +42,6 @@ from cdc_relay.pgoutput import (
     Commit,
     DecodeError,
     Insert,
-    PgOutputDecoder,
     Relation,
     StreamStart,
 )
@@ -67,7 +67,6 @@ from cdc_relay.watermark import PendingTransaction, Watermark
 
 log = logging.getLogger(__name__)
 
-PROTO_VERSION = "1"
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
 STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sender_timeout)
@@ -202,15 +201,7 @@ class Relay:
             store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
-            stream = ReplicationStream(
-                url,
-                settings.slot_name,
-                start,
-                {
-                    "proto_version": PROTO_VERSION,
-                    "publication_names": f'"{settings.publication_name}"',
-                },
-            )
+            stream = ReplicationStream(url, settings.slot_name, start, plugin_options_for(settings))
             stream.open()
             self.stats.sessions += 1
             self.stats.streaming = True
@@ -238,7 +229,11 @@ class Relay:
         """Check the database, create what is missing, and decide where to start."""
         settings = self.settings
         source = SourceDatabase(
-            conn, settings.outbox_schema_and_name, settings.publication_name, settings.slot_name
+            conn,
+            settings.outbox_schema_and_name,
+            settings.publication_name,
+            settings.slot_name,
+            settings.plugin.value,
         )
         source.preflight()
         if source.ensure_publication():
@@ -299,7 +294,7 @@ class _Session:
         self.tracing = relay.tracing
         self.watermark = Watermark(start)
         self.tracker = DeliveryTracker(relay.stats)
-        self.decoder = PgOutputDecoder()
+        self.decode = decoder_for(self.settings)
         schema, table = self.settings.outbox_schema_and_name
         self.outbox_name = (schema, table)
         self.mappings: dict[int, OutboxMapping] = {}
@@ -321,7 +316,7 @@ class _Session:
     def stream(self) -> None:
         relay = self.relay
         read = self.stream_conn.read
-        decode = self.decoder.decode
+        decode = self.decode
         watermark = self.watermark
         stats = self.stats
         txn: PendingTransaction | None = None
@@ -338,38 +333,41 @@ class _Session:
             kind = data[0]
             if kind == XLOG_DATA:
                 try:
-                    message = decode(data[_XLOG_PAYLOAD:])
+                    messages = decode(data)
                 except DecodeError as exc:
-                    raise ProtocolError(f"cannot decode a pgoutput message: {exc}") from None
-                if isinstance(message, Insert):
-                    mapping = self.mappings.get(message.relation_id)
-                    if mapping is not None and txn is not None:
-                        if callback is None or callback_table is not mapping.table:
-                            callback = self.tracker.callback(txn, mapping.table)
-                            callback_table = mapping.table
-                        self.publish(mapping, message, txn, callback)
-                    else:
-                        self.ignore(message.relation_id)
-                elif isinstance(message, Begin):
-                    txn = watermark.open(
-                        message.final_lsn, postgres_time_to_unix(message.commit_ts)
-                    )
-                    callback = None
-                elif isinstance(message, Commit):
-                    if txn is None:
-                        raise ProtocolError("Commit without Begin in the replication stream")
-                    watermark.seal(txn, message.end_lsn)
-                    stats.transactions += 1
-                    txn = None
-                    callback = None
-                    self.received = max(self.received, message.end_lsn)
-                    wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
-                    stats.server_wal_end = max(stats.server_wal_end, wal_end)
-                elif isinstance(message, Relation):
-                    self.on_relation(message)
-                elif isinstance(message, StreamStart):
-                    raise ProtocolError("received a streamed transaction, but streaming is off")
-                # Origin, Type, Update, Delete, Truncate, Message: nothing to relay.
+                    raise ProtocolError(
+                        f"cannot decode a {self.settings.plugin} message: {exc}"
+                    ) from None
+                for message in messages:
+                    if isinstance(message, Insert):
+                        mapping = self.mappings.get(message.relation_id)
+                        if mapping is not None and txn is not None:
+                            if callback is None or callback_table is not mapping.table:
+                                callback = self.tracker.callback(txn, mapping.table)
+                                callback_table = mapping.table
+                            self.publish(mapping, message, txn, callback)
+                        else:
+                            self.ignore(message.relation_id)
+                    elif isinstance(message, Begin):
+                        txn = watermark.open(
+                            message.final_lsn, postgres_time_to_unix(message.commit_ts)
+                        )
+                        callback = None
+                    elif isinstance(message, Commit):
+                        if txn is None:
+                            raise ProtocolError("Commit without Begin in the replication stream")
+                        watermark.seal(txn, message.end_lsn)
+                        stats.transactions += 1
+                        txn = None
+                        callback = None
+                        self.received = max(self.received, message.end_lsn)
+                        wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
+                        stats.server_wal_end = max(stats.server_wal_end, wal_end)
+                    elif isinstance(message, Relation):
+                        self.on_relation(message)
+                    elif isinstance(message, StreamStart):
+                        raise ProtocolError("received a streamed transaction, but streaming is off")
+                    # Origin, Type, Update, Delete, Truncate, Message: nothing to relay.
                 counter += 1
                 if counter >= POLL_EVERY:
                     counter = 0

@@ -16,7 +16,6 @@ from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.stream import APPLICATION_NAME
 
 MIN_SERVER_VERSION = 140000
-PLUGIN = "pgoutput"
 REQUIRED_COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
 
 
@@ -51,8 +50,10 @@ class SourceDatabase:
         outbox_table: tuple[str, str],
         publication_name: str,
         slot_name: str,
+        plugin: str = "pgoutput",
     ) -> None:
         self._conn = conn
+        self._plugin = plugin
         self._schema, self._table = outbox_table
         self._publication = publication_name
         self._slot = slot_name
@@ -160,11 +161,11 @@ class SourceDatabase:
     def check_slot(self, slot: SlotState) -> None:
         """The slot must be logical, pgoutput, in this database, and not held by someone else."""
         here = self._scalar("SELECT current_database()")
-        if slot.plugin != PLUGIN or slot.database != here:
+        if slot.plugin != self._plugin or slot.database != here:
             raise SourceSetupError(
                 f"replication slot {slot.name!r} exists but is for plugin {slot.plugin!r} in "
-                f"database {slot.database!r}; cdc-relay needs {PLUGIN!r} in {here!r}: drop it or "
-                "choose another CDC_RELAY_SLOT_NAME"
+                f"database {slot.database!r}; this relay needs {self._plugin!r} in {here!r} "
+                "(CDC_RELAY_PLUGIN): drop the slot or choose another CDC_RELAY_SLOT_NAME"
             )
         if slot.active_pid is not None:
             raise SlotInUse(
@@ -175,8 +176,14 @@ class SourceDatabase:
     def create_slot(self) -> SlotState:
         try:
             self._conn.execute(
-                "SELECT pg_create_logical_replication_slot(%s, %s)", (self._slot, PLUGIN)
+                "SELECT pg_create_logical_replication_slot(%s, %s)", (self._slot, self._plugin)
             )
+        except psycopg.errors.UndefinedFile:
+            raise SourceSetupError(
+                f"the output plugin {self._plugin!r} is not installed on the server: install it "
+                f"(Debian/Ubuntu: apt-get install postgresql-<major>-{self._plugin}) or use "
+                "CDC_RELAY_PLUGIN=pgoutput, which is built in"
+            ) from None
         except psycopg.errors.DuplicateObject:
             pass  # created concurrently; the checks below decide whether it is usable
         except psycopg.errors.ConfigurationLimitExceeded as exc:

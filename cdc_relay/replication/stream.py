@@ -65,7 +65,10 @@ class ReplicationStream:
             message = _text(conn.get_error_message())
             conn.finish()
             _raise_for_connect(message)
-        options = ", ".join(f"{k} '{v}'" for k, v in self._options.items())
+        # Option names quoted as identifiers (wal2json's have dashes), values as literals.
+        options = ", ".join(
+            f"\"{k}\" '{v.replace(chr(39), chr(39) * 2)}'" for k, v in self._options.items()
+        )
         command = (
             f'START_REPLICATION SLOT "{self._slot_name}" LOGICAL '
             f"{format_lsn(self._start_lsn)} ({options})"

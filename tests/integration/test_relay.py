@@ -25,7 +25,8 @@ from tests.integration.relay_support import (
 )
 from tests.kafka_helpers import Record, consume_all
 
-pytestmark = pytest.mark.integration
+# Every test here runs for each output plugin (pgoutput, wal2json).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 
 AGGREGATE_TYPES = ("order", "payment")
 AGGREGATES_PER_TYPE = 10

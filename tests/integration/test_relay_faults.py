@@ -26,7 +26,8 @@ from tests.integration.relay_support import (
 )
 from tests.kafka_helpers import consume_all
 
-pytestmark = pytest.mark.integration
+# Every test here runs for each output plugin (pgoutput, wal2json).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 
 
 def _ids(records: list) -> list[str]:  # type: ignore[type-arg]
@@ -178,7 +179,9 @@ def test_walsender_terminated_mid_stream_reconnects(
     assert set(_ids(records)) == {event_id for event_id, _ in writer.committed}
 
 
-def test_recreated_slot_is_refused(database: str, broker: KafkaBroker, unique: str) -> None:
+def test_recreated_slot_is_refused(
+    database: str, broker: KafkaBroker, unique: str, plugin: str
+) -> None:
     create_outbox(database)
     env = relay_env(database, broker.bootstrap_servers, unique)
     slot = f"slot_{unique}"
@@ -196,7 +199,7 @@ def test_recreated_slot_is_refused(database: str, broker: KafkaBroker, unique: s
     scalar(database, "SELECT pg_drop_replication_slot(%s)", slot)
     lost = [[new_event(payload={"lost": True})] for _ in range(3)]
     write_transactions(database, lost)
-    scalar(database, "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", slot)
+    scalar(database, "SELECT pg_create_logical_replication_slot(%s, %s)", slot, plugin)
 
     relay = RelayProcess(env).start()
     try:

@@ -20,7 +20,8 @@ from tests.integration.relay_support import (
 )
 from tests.kafka_helpers import consume_all
 
-pytestmark = pytest.mark.integration
+# Every test here runs for each output plugin (pgoutput, wal2json).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 
 MB = 1024 * 1024
 
@@ -50,7 +51,7 @@ def test_idle_outbox_does_not_pin_wal(database: str, broker: KafkaBroker, unique
 
         start = int(str(scalar(database, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")))
         with psycopg.connect(database, autocommit=True) as conn:
-            for _ in range(10):  # 10 transactions of ~5 MB of WAL each, none in the outbox
+            for _ in range(11):  # 11 transactions of ~5 MB of WAL each, none in the outbox
                 conn.execute(
                     "INSERT INTO filler (pad) SELECT repeat(md5(i::text), 30) "
                     "FROM generate_series(1, 5000) i"
