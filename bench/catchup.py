@@ -27,6 +27,7 @@ import psycopg
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.postgres import find_bindir
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.wal2json import plugin_options
 
 REPO = Path(__file__).resolve().parents[1]
 SLOT, COPY, PUBLICATION, TOPIC = "bench", "bench_copy", "bench_pub", "outbox.event.order"
@@ -38,7 +39,7 @@ def _lsn(conn: psycopg.Connection[Any], query: str) -> int:
     return parse_lsn(str(row[0]))
 
 
-def write_backlog(url: str, rows: int, per_txn: int) -> int:
+def write_backlog(url: str, rows: int, per_txn: int, plugin: str = "pgoutput") -> int:
     """Commit ``rows`` outbox rows, ``per_txn`` per transaction; returns an LSN inside the last."""
     payload = "x" * 200  # ~250-byte payloads, as in the issue's peer measurements
     with psycopg.connect(url, autocommit=True) as conn:
@@ -46,7 +47,7 @@ def write_backlog(url: str, rows: int, per_txn: int) -> int:
         conn.execute(
             f"CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')".encode()
         )
-        conn.execute(b"SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+        conn.execute("SELECT pg_create_logical_replication_slot('bench', %s)", (plugin,))
         txns = rows // per_txn
         conn.execute(
             b"CREATE PROCEDURE fill(txns int, per_txn int, pad text) LANGUAGE plpgsql AS $$ "
@@ -63,11 +64,15 @@ def write_backlog(url: str, rows: int, per_txn: int) -> int:
         return inside_last
 
 
-def time_recvlogical(url: str, end: int) -> float:
+def time_recvlogical(url: str, end: int, plugin: str = "pgoutput") -> float:
+    if plugin == "wal2json":
+        options = [f"{key}={value}" for key, value in plugin_options(["public.outbox"]).items()]
+    else:
+        options = ["proto_version=1", f"publication_names={PUBLICATION}"]
     command = [
         str(find_bindir() / "pg_recvlogical"),
-        "-d", url, "-S", COPY, "--start", "--no-loop", "-E", format_lsn(end),
-        "-o", "proto_version=1", "-o", f"publication_names={PUBLICATION}", "-f", "/dev/null",
+        "-d", url, "-S", COPY, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
+        *(item for option in options for item in ("-o", option)),
     ]  # fmt: skip
     started = time.perf_counter()
     subprocess.run(command, check=True)
@@ -86,7 +91,9 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def time_relay(url: str, bootstrap: str, inside_last: int) -> dict[str, float]:
+def time_relay(
+    url: str, bootstrap: str, inside_last: int, plugin: str = "pgoutput"
+) -> dict[str, float]:
     env = {
         **os.environ,
         "CDC_RELAY_DATABASE_URL": url,
@@ -95,6 +102,8 @@ def time_relay(url: str, bootstrap: str, inside_last: int) -> dict[str, float]:
         "CDC_RELAY_PUBLICATION_NAME": PUBLICATION,
         "CDC_RELAY_CONFIRM_INTERVAL": "0.05",  # timing resolution, not a tuning
         "CDC_RELAY_LOG_LEVEL": "WARNING",
+        "CDC_RELAY_PLUGIN": plugin,
+        "CDC_RELAY_HTTP_PORT": "0",
     }
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
@@ -122,16 +131,17 @@ def time_relay(url: str, bootstrap: str, inside_last: int) -> dict[str, float]:
     return {"seconds": elapsed, "cpu_seconds": cpu, "peak_rss_mb": rss}
 
 
-def run(rows: int, per_txn: int) -> dict[str, Any]:
+def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
     with LocalPostgres() as server, LocalBroker() as broker:
         url = server.create_database("bench")
         broker.create_topic(TOPIC, partitions=3)
-        inside_last = write_backlog(url, rows, per_txn)
+        inside_last = write_backlog(url, rows, per_txn, plugin)
         with psycopg.connect(url, autocommit=True) as conn:
             end = _lsn(conn, "SELECT pg_current_wal_lsn()::text")
-        recvlogical = time_recvlogical(url, end)
-        relay = time_relay(url, broker.bootstrap_servers, inside_last)
+        recvlogical = time_recvlogical(url, end, plugin)
+        relay = time_relay(url, broker.bootstrap_servers, inside_last, plugin)
     return {
+        "plugin": plugin,
         "rows": rows,
         "rows_per_txn": per_txn,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
@@ -150,9 +160,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--per-txn", type=int, default=10)
+    parser.add_argument("--plugin", choices=("pgoutput", "wal2json"), default="pgoutput")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    result = run(args.rows, args.per_txn)
+    result = run(args.rows, args.per_txn, args.plugin)
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")

@@ -57,8 +57,8 @@ class PostgresCheckpointStore:
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SourceSetupError(
                 f"cannot create the relay's state table {self._schema}.{STATE_TABLE}: "
-                f"{exc.diag.message_primary}. Run sql/002_cdc_relay_state.sql as an owner, or "
-                "set CDC_RELAY_STATE_SCHEMA to a schema this user may write"
+                f"{exc.diag.message_primary}. Run sql/002_cdc_relay_state.sql as an "
+                "owner, or set CDC_RELAY_STATE_SCHEMA to a schema this user may write"
             ) from None
 
     def load(self) -> int | None:
