@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from cdc_relay.errors import ConfigError
@@ -49,9 +49,103 @@ class Plugin(StrEnum):
     WAL2JSON = "wal2json"
 
 
+class MissingTopics(StrEnum):
+    """What to do with a topic that does not exist yet."""
+
+    CREATE = "create"  # with CDC_RELAY_TOPIC_PARTITIONS / _REPLICATION_FACTOR
+    FAIL = "fail"  # the record is refused (dead-letter or stop) with an error naming the topic
+
+
 class LogFormat(StrEnum):
     PLAIN = "plain"
     JSON = "json"
+
+
+def qualify_table(value: str) -> str:
+    """``outbox`` -> ``public.outbox``; both parts must be plain identifiers."""
+    parts = value.split(".")
+    if len(parts) == 1:
+        parts = ["public", *parts]
+    if len(parts) != 2 or not all(_IDENTIFIER.match(p) for p in parts):
+        raise ValueError("expected schema.table made of plain identifiers")
+    return ".".join(parts)
+
+
+class OutboxColumns(BaseModel):
+    """Column names of an outbox table; the defaults are ``sql/001_outbox.sql``'s.
+
+    Debezium's default outbox table works with ``{"aggregate_type": "aggregatetype",
+    "aggregate_id": "aggregateid", "event_type": "type"}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = "id"
+    aggregate_type: str = "aggregate_type"
+    aggregate_id: str = "aggregate_id"
+    event_type: str = "event_type"
+    payload: str = "payload"
+    headers: str | None = "headers"  # a jsonb object whose entries become headers
+    topic: str | None = None  # a per-row topic, used instead of the template when not NULL
+    key: str | None = None  # a per-row Kafka key, instead of the aggregate id
+    header_columns: tuple[str, ...] = ()  # further columns sent as headers named after them
+    created_at: str | None = "created_at"  # what sweep retention measures; None: no retention
+
+    @field_validator(
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "topic",
+        "key",
+        "created_at",
+    )
+    @classmethod
+    def _column(cls, value: str | None) -> str | None:
+        if value is not None and not _IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} is not a plain column name")
+        return value
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return (self.id, self.aggregate_type, self.aggregate_id, self.event_type, self.payload)
+
+
+class OutboxTable(BaseModel):
+    """One outbox table: its name, its columns, and optionally its own topic template."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: str
+    columns: OutboxColumns = OutboxColumns()
+    topic_template: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        return qualify_table(value)
+
+    @field_validator("topic_template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        return None if value is None else check_topic_template(value)
+
+    @property
+    def schema_and_name(self) -> tuple[str, str]:
+        schema, name = self.table.split(".")
+        return schema, name
+
+
+def check_topic_template(value: str) -> str:
+    fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    unknown = fields - TOPIC_TEMPLATE_FIELDS
+    if unknown:
+        raise ValueError(
+            f"unknown field(s) {sorted(unknown)}; allowed: {sorted(TOPIC_TEMPLATE_FIELDS)}"
+        )
+    return value
 
 
 class Settings(BaseSettings):
@@ -70,6 +164,24 @@ class Settings(BaseSettings):
         min_length=1, description="Kafka bootstrap servers, host:port[,host:port] (required)."
     )
     outbox_table: str = Field("public.outbox", description="Outbox table, schema-qualified.")
+    outbox_columns: OutboxColumns = Field(
+        default_factory=OutboxColumns,
+        description=(
+            'Column names of the outbox table as JSON, e.g. {"aggregate_type": "aggregatetype"}; '
+            "also topic, key, header_columns."
+        ),
+    )
+    outbox_tables: tuple[OutboxTable, ...] = Field(
+        (),
+        description=(
+            'Several outbox tables as a JSON list of {"table", "columns", "topic_template"}; '
+            "replaces CDC_RELAY_OUTBOX_TABLE/COLUMNS when set."
+        ),
+    )
+    message_prefix: str = Field(
+        "outbox",
+        description="Prefix of transactional logical messages (pg_logical_emit_message) to relay.",
+    )
     slot_name: str = Field("cdc_relay", description="Logical replication slot name.")
     publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
     plugin: Plugin = Field(
@@ -126,6 +238,26 @@ class Settings(BaseSettings):
     producer_queue_max_kbytes: int = Field(
         65_536, ge=1, description="Kilobytes buffered in the producer before reading pauses."
     )
+    missing_topics: MissingTopics = Field(
+        MissingTopics.CREATE,
+        description="A topic that does not exist: create it, or fail (never a broker auto-create).",
+    )
+    topic_partitions: int = Field(3, ge=1, description="Partitions of topics the relay creates.")
+    topic_replication_factor: int = Field(
+        -1, ge=-1, description="Replication factor of topics the relay creates; -1: broker default."
+    )
+    sweep_interval: float = Field(
+        5.0, ge=0, description="Seconds between sweeps of published outbox rows; 0 disables."
+    )
+    sweep_batch_size: int = Field(1000, ge=1, description="Rows deleted per sweep transaction.")
+    sweep_retention_seconds: float = Field(
+        0.0, ge=0, description="Keep published rows at least this long (audit, debugging)."
+    )
+    heartbeat_interval: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds between heartbeat messages that keep the slot moving; 0 disables.",
+    )
     http_port: int = Field(
         8080, ge=0, le=65535, description="Port of /healthz /readyz /metrics /status; 0 disables."
     )
@@ -145,12 +277,14 @@ class Settings(BaseSettings):
     @field_validator("outbox_table")
     @classmethod
     def _qualified_table(cls, value: str) -> str:
-        parts = value.split(".")
-        if len(parts) == 1:
-            parts = ["public", *parts]
-        if len(parts) != 2 or not all(_IDENTIFIER.match(p) for p in parts):
-            raise ValueError("expected schema.table made of plain identifiers")
-        return ".".join(parts)
+        return qualify_table(value)
+
+    @field_validator("message_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value or re.search(r"[,\s]", value):
+            raise ValueError("a non-empty prefix without commas or whitespace")
+        return value
 
     @field_validator("slot_name")
     @classmethod
@@ -169,13 +303,7 @@ class Settings(BaseSettings):
     @field_validator("topic_template")
     @classmethod
     def _template(cls, value: str) -> str:
-        fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
-        unknown = fields - TOPIC_TEMPLATE_FIELDS
-        if unknown:
-            raise ValueError(
-                f"unknown field(s) {sorted(unknown)}; allowed: {sorted(TOPIC_TEMPLATE_FIELDS)}"
-            )
-        return value
+        return check_topic_template(value)
 
     @field_validator("log_level")
     @classmethod
@@ -211,6 +339,12 @@ class Settings(BaseSettings):
     def outbox_schema_and_name(self) -> tuple[str, str]:
         schema, name = self.outbox_table.split(".")
         return schema, name
+
+    def tables(self) -> tuple[OutboxTable, ...]:
+        """Every outbox table the relay streams, with its mapping."""
+        if self.outbox_tables:
+            return self.outbox_tables
+        return (OutboxTable(table=self.outbox_table, columns=self.outbox_columns),)
 
     def producer_config(self) -> dict[str, str]:
         """The librdkafka configuration: safe defaults, then the user's, then what must hold."""

@@ -23,10 +23,13 @@ _DATA_START = slice(1, 9)
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
     if settings.plugin is Plugin.WAL2JSON:
-        return plugin_options([settings.outbox_table])
+        return plugin_options(
+            [t.table for t in settings.tables()], message_prefixes=(settings.message_prefix,)
+        )
     return {
         "proto_version": PGOUTPUT_PROTO_VERSION,
         "publication_names": f'"{settings.publication_name}"',
+        "messages": "true",  # the table-less outbox (pg_logical_emit_message)
     }
 
 

@@ -15,17 +15,11 @@ from typing import NamedTuple
 
 import orjson
 
+from cdc_relay.config import OutboxColumns
 from cdc_relay.pgoutput import Relation, TupleData, UnchangedToast
 
-ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD, HEADERS = (
-    "id",
-    "aggregate_type",
-    "aggregate_id",
-    "event_type",
-    "payload",
-    "headers",
-)
-_REQUIRED = (ID, AGGREGATE_TYPE, AGGREGATE_ID, EVENT_TYPE, PAYLOAD)
+DEFAULT_COLUMNS = OutboxColumns()
+
 _TOPIC_CACHE_LIMIT = 4096
 
 
@@ -54,22 +48,32 @@ class OutboxMapping:
     """The column positions of one outbox relation, resolved once per Relation message."""
 
     def __init__(
-        self, relation: Relation, topic_template: str, traceparent_column: str = "traceparent"
+        self,
+        relation: Relation,
+        topic_template: str,
+        traceparent_column: str = "traceparent",
+        columns: OutboxColumns = DEFAULT_COLUMNS,
     ) -> None:
         self.relation = relation
         self.table = f"{relation.namespace}.{relation.name}"
         positions = {column.name: i for i, column in enumerate(relation.columns)}
-        self.missing = [name for name in _REQUIRED if name not in positions]
+        wanted = [*columns.required, *columns.header_columns]
+        wanted += [c for c in (columns.topic, columns.key) if c is not None]
+        self.missing = [name for name in wanted if name not in positions]
+        self._columns = columns
         self._positions = positions
         self._template = topic_template
         self._topics: dict[tuple[bytes, bytes], str] = {}
         if not self.missing:
-            self._id = positions[ID]
-            self._aggregate_type = positions[AGGREGATE_TYPE]
-            self._aggregate_id = positions[AGGREGATE_ID]
-            self._event_type = positions[EVENT_TYPE]
-            self._payload = positions[PAYLOAD]
-        self._headers = positions.get(HEADERS)
+            self._id = positions[columns.id]
+            self._aggregate_type = positions[columns.aggregate_type]
+            self._aggregate_id = positions[columns.aggregate_id]
+            self._event_type = positions[columns.event_type]
+            self._payload = positions[columns.payload]
+            self._topic_override = positions[columns.topic] if columns.topic else None
+            self._key = positions[columns.key] if columns.key else None
+            self._header_columns = [(name, positions[name]) for name in columns.header_columns]
+        self._headers = positions.get(columns.headers) if columns.headers else None
         self._traceparent = positions.get(traceparent_column)
         self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
 
@@ -78,11 +82,12 @@ class OutboxMapping:
             raise MalformedEvent(
                 f"{self.table} has no column(s) {', '.join(self.missing)}", self._event_id(row)
             )
-        event_id = _text(row, self._id, ID, None)
-        aggregate_type = _required(row, self._aggregate_type, AGGREGATE_TYPE, event_id)
-        aggregate_id = _required(row, self._aggregate_id, AGGREGATE_ID, event_id)
-        event_type = _required(row, self._event_type, EVENT_TYPE, event_id)
-        payload = _required(row, self._payload, PAYLOAD, event_id)
+        columns = self._columns
+        event_id = _text(row, self._id, columns.id, None)
+        aggregate_type = _required(row, self._aggregate_type, columns.aggregate_type, event_id)
+        aggregate_id = _required(row, self._aggregate_id, columns.aggregate_id, event_id)
+        event_type = _required(row, self._event_type, columns.event_type, event_id)
+        payload = _required(row, self._payload, columns.payload, event_id)
         headers: list[tuple[str, bytes]] = [
             ("id", event_id.encode()),
             ("event_type", event_type),
@@ -95,9 +100,24 @@ class OutboxMapping:
             extra = row[self._headers]
             if isinstance(extra, bytes):
                 headers.extend(_header_entries(extra, event_id))
+        key = aggregate_id
+        topic: str | None = None
+        if self._header_columns or self._topic_override is not None or self._key is not None:
+            for name, index in self._header_columns:
+                value = row[index]
+                if isinstance(value, bytes):
+                    headers.append((name, value))
+            if self._key is not None:
+                override = row[self._key]
+                if isinstance(override, bytes):
+                    key = override
+            if self._topic_override is not None:
+                override = row[self._topic_override]
+                if isinstance(override, bytes) and override:
+                    topic = _decode(override, columns.topic or "", event_id)
         return OutboxRecord(
-            self._topic(aggregate_type, event_type),
-            aggregate_id,
+            topic or self._topic(aggregate_type, event_type),
+            key,
             payload,
             headers,
             event_id,
@@ -129,7 +149,7 @@ class OutboxMapping:
         return orjson.dumps(named)
 
     def _event_id(self, row: TupleData) -> str | None:
-        index = self._positions.get(ID)
+        index = self._positions.get(self._columns.id)
         value = row[index] if index is not None and index < len(row) else None
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else None
 
@@ -163,6 +183,10 @@ def _text(row: TupleData, index: int, name: str, event_id: str | None) -> str:
     value = row[index] if index < len(row) else None
     if not isinstance(value, bytes):
         raise MalformedEvent(f"column {name} is {_describe(value)}", event_id)
+    return _decode(value, name, event_id)
+
+
+def _decode(value: bytes, name: str, event_id: str | None) -> str:
     try:
         return value.decode()
     except UnicodeDecodeError:
@@ -231,3 +255,69 @@ def traceparent_from_span_context(text: str) -> str | None:
         if key.strip() == "traceparent":
             return value.strip() or None
     return None
+
+
+class MessageMapping:
+    """Table-less outbox: a transactional logical message (``pg_logical_emit_message``) whose
+    content is a JSON object with ``id``, ``aggregate_type``, ``aggregate_id``, ``event_type``,
+    ``payload`` and optional ``headers`` (and ``traceparent``) — the same contract as a row.
+
+    In the topic template, ``{table}`` is the message prefix and ``{schema}`` is empty.
+    """
+
+    def __init__(self, prefix: str, topic_template: str) -> None:
+        self.prefix = prefix
+        self.table = f"message:{prefix}"
+        self._template = topic_template
+
+    def map(self, content: bytes) -> OutboxRecord:
+        try:
+            event = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise MalformedEvent("logical message content is not valid JSON") from None
+        if not isinstance(event, dict):
+            raise MalformedEvent("logical message content must be a JSON object")
+        event_id = event.get("id")
+        event_id = event_id if isinstance(event_id, str) else None
+        fields = {}
+        for name in ("id", "aggregate_type", "aggregate_id", "event_type"):
+            value = event.get(name)
+            if not isinstance(value, str) or not value:
+                raise MalformedEvent(f"logical message field {name} must be a string", event_id)
+            fields[name] = value
+        if "payload" not in event:
+            raise MalformedEvent("logical message has no payload", event_id)
+        headers: list[tuple[str, bytes]] = [
+            ("id", fields["id"].encode()),
+            ("event_type", fields["event_type"].encode()),
+            ("aggregate_type", fields["aggregate_type"].encode()),
+        ]
+        traceparent = event.get("traceparent")
+        traceparent_bytes = traceparent.encode() if isinstance(traceparent, str) else None
+        if traceparent_bytes:
+            headers.append(("traceparent", traceparent_bytes))
+        extra = event.get("headers")
+        if extra is not None:
+            if not isinstance(extra, dict):
+                raise MalformedEvent("logical message headers must be a JSON object", event_id)
+            headers.extend(
+                (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
+                for name, value in extra.items()
+            )
+        topic = self._template.format(
+            aggregate_type=fields["aggregate_type"],
+            event_type=fields["event_type"],
+            table=self.prefix,
+            schema="",
+        )
+        return OutboxRecord(
+            topic,
+            fields["aggregate_id"].encode(),
+            orjson.dumps(event["payload"]),
+            headers,
+            fields["id"],
+            traceparent_bytes or None,
+        )
+
+    def describe_row(self, content: bytes) -> bytes:
+        return content

@@ -9,12 +9,14 @@ resume). librdkafka exceptions do not leave this module except as the project's 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from cdc_relay.errors import SinkUnavailable
 from cdc_relay.observability.stats import RelayStats
@@ -42,6 +44,23 @@ _SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_
 # Our own teardown: the records are re-sent by the next session.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
+METADATA_TIMEOUT = 10.0
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Properties an AdminClient does not take (librdkafka would warn about each).
+_PRODUCER_ONLY = (
+    "enable.idempotence", "acks", "linger.ms", "compression.type", "message.timeout.ms",
+    "queue.buffering.", "batch.", "retries", "retry.backoff", "delivery.", "partitioner",
+    "transactional.", "max.in.flight", "enable.gapless", "sticky.", "request.required.acks",
+)  # fmt: skip
+
+
+def admin_config(producer_config: dict[str, str]) -> dict[str, str | int | float | bool]:
+    """The producer's connection and security settings, for an AdminClient."""
+    return {
+        key: value
+        for key, value in producer_config.items()
+        if not key.startswith(_PRODUCER_ONLY) and key not in ("error_cb", "logger")
+    }
 
 
 # The one librdkafka exception the hot path catches itself (a Python frame per record is too dear);
@@ -189,6 +208,7 @@ class Publisher:
         self._stats = stats
         self._last_error_log = 0.0
         self.fatal_error: str | None = None
+        self._config = config
         self._producer = Producer(
             {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
         )
@@ -226,6 +246,56 @@ class Publisher:
         # The producer holds our error callback, we hold the producer: break the cycle so that
         # librdkafka's threads and connections go away now, not at some later garbage collection.
         del self._producer, self.produce_raw, self.poll
+
+    def ensure_topic(
+        self, topic: str, create: bool, partitions: int, replication_factor: int
+    ) -> None:
+        """Make sure ``topic`` exists, creating it when allowed; never a broker auto-create.
+
+        ProduceRefused (permanent) when it is missing and may not be created, or cannot be
+        (an invalid name); SinkUnavailable when the cluster does not answer.
+        """
+        if not LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+            # Checked here rather than trusted to the broker: not every Kafka-protocol broker
+            # rejects such names, and a topic that exists under an illegal name helps nobody.
+            raise ProduceRefused(
+                KafkaError.TOPIC_EXCEPTION,
+                f"invalid topic name {topic!r}: Kafka allows 1-249 of [a-zA-Z0-9._-]",
+            )
+        try:
+            metadata = self._producer.list_topics(timeout=METADATA_TIMEOUT)
+        except KafkaException as exc:
+            raise SinkUnavailable(f"cannot read Kafka metadata: {exc}") from None
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is None:
+            return
+        if not create:
+            raise ProduceRefused(
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                f"topic {topic!r} does not exist and CDC_RELAY_MISSING_TOPICS=fail: create it",
+            )
+        admin = AdminClient(dict(admin_config(self._config)))
+        future = admin.create_topics(
+            [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)],
+            operation_timeout=METADATA_TIMEOUT,
+        )[topic]
+        try:
+            future.result(timeout=METADATA_TIMEOUT * 2)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not isinstance(error, KafkaError):
+                raise SinkUnavailable(f"cannot create topic {topic!r}: {exc}") from None
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            if error.code() in PERMANENT_ERRORS or error.code() == KafkaError.INVALID_PARTITIONS:
+                raise ProduceRefused(
+                    error.code(), f"cannot create topic {topic!r}: {error.str()}"
+                ) from None
+            raise SinkUnavailable(f"cannot create topic {topic!r}: {error.str()}") from None
+        log.info(
+            "created topic",
+            extra={"fields": {"topic": topic, "partitions": partitions, "rf": replication_factor}},
+        )
 
     def probe(self, timeout: float) -> None:
         """Ask a broker for metadata; raises SinkUnavailable when none answers in time."""

@@ -21,9 +21,10 @@ from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
-from cdc_relay.config import PoisonPolicy, Settings
+from cdc_relay.config import MissingTopics, PoisonPolicy, Settings
 from cdc_relay.decoding import decoder_for, plugin_options_for
 from cdc_relay.errors import (
+    ConfigError,
     PoisonRecordError,
     ProtocolError,
     RelayError,
@@ -36,12 +37,18 @@ from cdc_relay.observability.http import HealthServer
 from cdc_relay.observability.metrics import RelayMetrics
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, OutboxMapping
+from cdc_relay.outbox import (
+    TRACEPARENT_HEADER_INDEX,
+    MalformedEvent,
+    MessageMapping,
+    OutboxMapping,
+)
 from cdc_relay.pgoutput import (
     Begin,
     Commit,
     DecodeError,
     Insert,
+    LogicalMessage,
     Relation,
     StreamStart,
 )
@@ -61,7 +68,12 @@ from cdc_relay.replication.protocol import (
     XLOG_DATA_HEADER,
     postgres_time_to_unix,
 )
-from cdc_relay.replication.source import SourceDatabase, connect, retained_wal
+from cdc_relay.replication.source import (
+    SourceDatabase,
+    connect,
+    emit_heartbeat,
+    retained_wal,
+)
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.watermark import PendingTransaction, Watermark
 
@@ -230,7 +242,7 @@ class Relay:
         settings = self.settings
         source = SourceDatabase(
             conn,
-            settings.outbox_schema_and_name,
+            settings.tables(),
             settings.publication_name,
             settings.slot_name,
             settings.plugin.value,
@@ -295,8 +307,9 @@ class _Session:
         self.watermark = Watermark(start)
         self.tracker = DeliveryTracker(relay.stats)
         self.decode = decoder_for(self.settings)
-        schema, table = self.settings.outbox_schema_and_name
-        self.outbox_name = (schema, table)
+        self.tables = {table.schema_and_name: table for table in self.settings.tables()}
+        self.messages = MessageMapping(self.settings.message_prefix, self.settings.topic_template)
+        self.known_topics: set[str] = set()
         self.mappings: dict[int, OutboxMapping] = {}
         self.ignored_relations: set[int] = set()
         self.received = start  # highest WAL position seen, reported as "written"
@@ -309,6 +322,7 @@ class _Session:
         self.delivered_at_last_check = 0
         self.delivered_at_confirm = 0
         self.last_retained_check = 0.0
+        self.last_heartbeat = now
         self.progress = _Progress(start, relay.stats.published)
 
     # -- reading -----------------------------------------------------------------------------
@@ -345,7 +359,7 @@ class _Session:
                             if callback is None or callback_table is not mapping.table:
                                 callback = self.tracker.callback(txn, mapping.table)
                                 callback_table = mapping.table
-                            self.publish(mapping, message, txn, callback)
+                            self.publish(mapping, message.new, txn, callback)
                         else:
                             self.ignore(message.relation_id)
                     elif isinstance(message, Begin):
@@ -365,9 +379,19 @@ class _Session:
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
                     elif isinstance(message, Relation):
                         self.on_relation(message)
+                    elif isinstance(message, LogicalMessage):
+                        if (
+                            message.transactional
+                            and txn is not None
+                            and message.prefix == self.messages.prefix
+                        ):
+                            if callback is None or callback_table is not self.messages.table:
+                                callback = self.tracker.callback(txn, self.messages.table)
+                                callback_table = self.messages.table
+                            self.publish(self.messages, message.content, txn, callback)
                     elif isinstance(message, StreamStart):
                         raise ProtocolError("received a streamed transaction, but streaming is off")
-                    # Origin, Type, Update, Delete, Truncate, Message: nothing to relay.
+                    # Origin, Type, Update, Delete, Truncate: nothing to relay.
                 counter += 1
                 if counter >= POLL_EVERY:
                     counter = 0
@@ -383,11 +407,15 @@ class _Session:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")
 
     def on_relation(self, relation: Relation) -> None:
-        if (relation.namespace, relation.name) != self.outbox_name:
+        table = self.tables.get((relation.namespace, relation.name))
+        if table is None:
             self.mappings.pop(relation.relation_id, None)
             return
         mapping = OutboxMapping(
-            relation, self.settings.topic_template, self.settings.traceparent_column
+            relation,
+            table.topic_template or self.settings.topic_template,
+            self.settings.traceparent_column,
+            table.columns,
         )
         if mapping.missing:
             log.error(
@@ -408,15 +436,15 @@ class _Session:
 
     def publish(
         self,
-        mapping: OutboxMapping,
-        message: Insert,
+        mapping: OutboxMapping | MessageMapping,
+        source: Any,  # the row's TupleData for a table, the content bytes for a message
         txn: PendingTransaction,
         callback: TransactionCallback,
     ) -> None:
         try:
-            record = mapping.map(message.new)
+            record = mapping.map(source)
         except MalformedEvent as exc:
-            row = mapping.describe_row(message.new)
+            row = mapping.describe_row(source)
             self.poison(
                 RefusedRecord(
                     txn,
@@ -431,6 +459,17 @@ class _Session:
                 )
             )
             return
+        if record.topic not in self.known_topics:
+            try:
+                self.ensure_topic(record.topic)
+            except ProduceRefused as missing:
+                self.poison(
+                    RefusedRecord(
+                        txn, mapping.table, missing.reason, error_name(missing.code),
+                        record.event_id, record.topic, record.key, record.value, record.headers,
+                    )
+                )  # fmt: skip
+                return
         if record.traceparent is not None and self.tracing.enabled:
             span, traceparent = self.tracing.start_publish(
                 record.traceparent, record.event_id, record.topic
@@ -510,6 +549,17 @@ class _Session:
             headers.append(("cdc_relay.value_size", str(len(value)).encode()))
             value = None  # it cannot travel; the header says how large it was
         log.error("poison record sent to the dead-letter topic", extra={"fields": fields})
+        if settings.dead_letter_topic not in self.known_topics:
+            try:
+                self.ensure_topic(settings.dead_letter_topic)
+            except ProduceRefused as exc:
+                self.relay.fail(
+                    ConfigError(
+                        f"the dead-letter topic {settings.dead_letter_topic!r} is unusable: "
+                        f"{exc.reason} (CDC_RELAY_DEAD_LETTER_TOPIC)"
+                    )
+                )
+                raise _Stopping from None
         on_delivery = partial(self.tracker.callback(txn, refused.table, dead_letter=True), headers)
         while True:
             try:
@@ -525,6 +575,17 @@ class _Session:
                     f"cannot write to the dead-letter topic {settings.dead_letter_topic!r}: "
                     f"{exc.reason}"
                 ) from None
+
+    def ensure_topic(self, topic: str) -> None:
+        """First use of ``topic`` in this session: it must exist (created if the policy says)."""
+        settings = self.settings
+        self.publisher.ensure_topic(
+            topic,
+            settings.missing_topics is MissingTopics.CREATE,
+            settings.topic_partitions,
+            settings.topic_replication_factor,
+        )
+        self.known_topics.add(topic)
 
     def handle_failures(self) -> None:
         for failure in self.tracker.take_failures():
@@ -569,6 +630,10 @@ class _Session:
             watermark.pending_transactions == 0 and self.received >= stats.server_wal_end
         )
         self.progress.maybe_log(now, self.received, stats, self.settings.progress_interval)
+        heartbeat = self.settings.heartbeat_interval
+        if heartbeat and now - self.last_heartbeat >= heartbeat:
+            self.last_heartbeat = now
+            emit_heartbeat(self.conn)
         if now - self.last_retained_check >= RETAINED_WAL_CHECK_INTERVAL:
             self.last_retained_check = now
             stats.retained_wal_bytes = retained_wal(self.conn, self.settings.slot_name)

@@ -6,17 +6,18 @@ Everything here runs on an ordinary (non-replication) connection. Each failed pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
 
+from cdc_relay.config import OutboxTable
 from cdc_relay.errors import SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.stream import APPLICATION_NAME
 
 MIN_SERVER_VERSION = 140000
-REQUIRED_COLUMNS = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
 
 
 @dataclass(frozen=True)
@@ -47,27 +48,23 @@ class SourceDatabase:
     def __init__(
         self,
         conn: psycopg.Connection[tuple[object, ...]],
-        outbox_table: tuple[str, str],
+        tables: Sequence[OutboxTable],
         publication_name: str,
         slot_name: str,
         plugin: str = "pgoutput",
     ) -> None:
         self._conn = conn
         self._plugin = plugin
-        self._schema, self._table = outbox_table
+        self._tables = tuple(tables)
         self._publication = publication_name
         self._slot = slot_name
-
-    @property
-    def qualified_table(self) -> str:
-        return f"{self._schema}.{self._table}"
 
     def _scalar(self, query: sql.Composable | str, *params: object) -> object:
         row = self._conn.execute(query, params or None).fetchone()  # type: ignore[arg-type]
         return row[0] if row else None
 
     def preflight(self) -> None:
-        """Server version, wal_level, REPLICATION privilege, the outbox table and its columns."""
+        """Server version, wal_level, REPLICATION privilege, the outbox tables and columns."""
         version = int(str(self._scalar("SHOW server_version_num")))
         if version < MIN_SERVER_VERSION:
             raise SourceSetupError(
@@ -87,24 +84,22 @@ class SourceDatabase:
             raise SourceSetupError(
                 f"role {user!r} may not stream the WAL: run ALTER ROLE {user} WITH REPLICATION"
             )
-        if self._scalar("SELECT to_regclass(%s)", self.qualified_table) is None:
-            raise SourceSetupError(
-                f"outbox table {self.qualified_table} does not exist: create it with "
-                "sql/001_outbox.sql (or set CDC_RELAY_OUTBOX_TABLE)"
-            )
-        rows = self._conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
-            "AND attnum > 0 AND NOT attisdropped",
-            (self.qualified_table,),
-        ).fetchall()
-        missing = sorted(set(REQUIRED_COLUMNS) - {str(r[0]) for r in rows})
-        if missing:
-            raise SourceSetupError(
-                f"outbox table {self.qualified_table} lacks column(s) {', '.join(missing)}"
-            )
+        for table in self._tables:
+            missing = missing_columns(self._conn, table)
+            if missing is None:
+                raise SourceSetupError(
+                    f"outbox table {table.table} does not exist: create it with "
+                    "sql/001_outbox.sql (or set CDC_RELAY_OUTBOX_TABLE)"
+                )
+            if missing:
+                raise SourceSetupError(
+                    f"outbox table {table.table} lacks column(s) {', '.join(missing)} "
+                    "(see CDC_RELAY_OUTBOX_COLUMNS)"
+                )
 
     def ensure_publication(self) -> bool:
-        """Create the insert-only publication of the outbox table if missing. True if created."""
+        """Create the insert-only publication of the outbox tables if missing. True if created."""
+        names = ", ".join(t.table for t in self._tables)
         exists = self._scalar(
             "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
         )
@@ -114,31 +109,35 @@ class SourceDatabase:
                 self._conn.execute(
                     statement.format(
                         sql.Identifier(self._publication),
-                        sql.Identifier(self._schema, self._table),
+                        sql.SQL(", ").join(
+                            sql.Identifier(*t.schema_and_name) for t in self._tables
+                        ),
                     )
                 )
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise SourceSetupError(
                     f"cannot create publication {self._publication}: {exc.diag.message_primary}. "
                     f"Ask the table owner to run: CREATE PUBLICATION {self._publication} FOR TABLE "
-                    f"{self.qualified_table} WITH (publish = 'insert')"
+                    f"{names} WITH (publish = 'insert')"
                 ) from None
             return True
         if not exists:
             raise SourceSetupError(f"publication {self._publication} does not publish inserts")
-        covered = self._scalar(
-            "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s "
-            "AND tablename = %s",
-            self._publication,
-            self._schema,
-            self._table,
-        )
-        if covered is None:
-            raise SourceSetupError(
-                f"publication {self._publication} exists but does not include "
-                f"{self.qualified_table}: run ALTER PUBLICATION {self._publication} ADD TABLE "
-                f"{self.qualified_table}"
+        for table in self._tables:
+            schema, name = table.schema_and_name
+            covered = self._scalar(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s "
+                "AND tablename = %s",
+                self._publication,
+                schema,
+                name,
             )
+            if covered is None:
+                raise SourceSetupError(
+                    f"publication {self._publication} exists but does not include "
+                    f"{table.table}: run ALTER PUBLICATION {self._publication} ADD TABLE "
+                    f"{table.table}"
+                )
         return False
 
     def slot(self) -> SlotState | None:
@@ -215,3 +214,34 @@ def retained_wal(conn: psycopg.Connection[tuple[object, ...]], slot_name: str) -
     except psycopg.OperationalError as exc:
         raise SourceUnavailable(f"cannot read the slot's retained WAL: {exc}") from None
     return int(str(row[0])) if row and row[0] is not None else None
+
+
+def missing_columns(
+    conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable
+) -> list[str] | None:
+    """The mapped columns ``table`` lacks, or None when the table does not exist."""
+    if conn.execute("SELECT to_regclass(%s)", (table.table,)).fetchone() in (None, (None,)):
+        return None
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+        "AND attnum > 0 AND NOT attisdropped",
+        (table.table,),
+    ).fetchall()
+    present = {str(r[0]) for r in rows}
+    columns = table.columns
+    wanted = [*columns.required, *columns.header_columns]
+    wanted += [c for c in (columns.topic, columns.key) if c is not None]
+    return [c for c in wanted if c not in present]
+
+
+HEARTBEAT_PREFIX = "cdc_relay_heartbeat"
+
+
+def emit_heartbeat(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """A little WAL of our own, so that keepalives move the confirmed position on databases whose
+    other writes are invisible to the slot (e.g. managed services writing to other databases).
+    Non-transactional and with its own prefix: never relayed."""
+    try:
+        conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
+    except psycopg.OperationalError as exc:
+        raise SourceUnavailable(f"cannot emit a heartbeat: {exc}") from None
