@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import orjson
 
@@ -73,36 +73,50 @@ class OutboxMapping:
             self._topic_override = positions[columns.topic] if columns.topic else None
             self._key = positions[columns.key] if columns.key else None
             self._header_columns = [(name, positions[name]) for name in columns.header_columns]
+            self._has_overrides = bool(
+                self._header_columns or self._topic_override is not None or self._key is not None
+            )
         self._headers = positions.get(columns.headers) if columns.headers else None
         self._traceparent = positions.get(traceparent_column)
         self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
 
     def map(self, row: TupleData) -> OutboxRecord:
-        if self.missing:
-            raise MalformedEvent(
-                f"{self.table} has no column(s) {', '.join(self.missing)}", self._event_id(row)
-            )
-        columns = self._columns
-        event_id = _text(row, self._id, columns.id, None)
-        aggregate_type = _required(row, self._aggregate_type, columns.aggregate_type, event_id)
-        aggregate_id = _required(row, self._aggregate_id, columns.aggregate_id, event_id)
-        event_type = _required(row, self._event_type, columns.event_type, event_id)
-        payload = _required(row, self._payload, columns.payload, event_id)
+        # The hot path: plain indexing, one type check; anything unusual takes the careful path,
+        # which says exactly what is wrong.
+        try:
+            raw_id = row[self._id]
+            aggregate_type = row[self._aggregate_type]
+            aggregate_id = row[self._aggregate_id]
+            event_type = row[self._event_type]
+            payload = row[self._payload]
+            if not (
+                type(raw_id) is bytes
+                and type(aggregate_type) is bytes
+                and type(aggregate_id) is bytes
+                and type(event_type) is bytes
+                and type(payload) is bytes
+            ):
+                raise TypeError
+            event_id = raw_id.decode()
+        except (AttributeError, IndexError, TypeError, UnicodeDecodeError):
+            self._raise_malformed(row)
         headers: list[tuple[str, bytes]] = [
-            ("id", event_id.encode()),
+            ("id", raw_id),
             ("event_type", event_type),
             ("aggregate_type", aggregate_type),
         ]
-        traceparent = self._read_traceparent(row)
-        if traceparent is not None:
-            headers.append(("traceparent", traceparent))
+        traceparent = None
+        if self._traceparent is not None or self._span_context is not None:
+            traceparent = self._read_traceparent(row)
+            if traceparent is not None:
+                headers.append(("traceparent", traceparent))
         if self._headers is not None:
             extra = row[self._headers]
-            if isinstance(extra, bytes):
+            if type(extra) is bytes:
                 headers.extend(_header_entries(extra, event_id))
         key = aggregate_id
-        topic: str | None = None
-        if self._header_columns or self._topic_override is not None or self._key is not None:
+        topic = None
+        if self._has_overrides:
             for name, index in self._header_columns:
                 value = row[index]
                 if isinstance(value, bytes):
@@ -114,15 +128,29 @@ class OutboxMapping:
             if self._topic_override is not None:
                 override = row[self._topic_override]
                 if isinstance(override, bytes) and override:
-                    topic = _decode(override, columns.topic or "", event_id)
-        return OutboxRecord(
-            topic or self._topic(aggregate_type, event_type),
-            key,
-            payload,
-            headers,
-            event_id,
-            traceparent,
-        )
+                    topic = _decode(override, self._columns.topic or "", event_id)
+        if topic is None:
+            topic = self._topics.get((aggregate_type, event_type)) or self._topic(
+                aggregate_type, event_type
+            )
+        return OutboxRecord(topic, key, payload, headers, event_id, traceparent)
+
+    def _raise_malformed(self, row: TupleData) -> NoReturn:
+        """Why ``row`` breaks the contract, as a MalformedEvent."""
+        if self.missing:
+            raise MalformedEvent(
+                f"{self.table} has no column(s) {', '.join(self.missing)}", self._event_id(row)
+            )
+        columns = self._columns
+        event_id = _text(row, self._id, columns.id, None)
+        for index, name in (
+            (self._aggregate_type, columns.aggregate_type),
+            (self._aggregate_id, columns.aggregate_id),
+            (self._event_type, columns.event_type),
+            (self._payload, columns.payload),
+        ):
+            _required(row, index, name, event_id)
+        raise MalformedEvent("the row does not satisfy the outbox contract", event_id)
 
     def _read_traceparent(self, row: TupleData) -> bytes | None:
         if self._traceparent is not None:
