@@ -7,6 +7,7 @@ Every setting of :class:`cdc_relay.config.Settings` is also a flag (``--slot-nam
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -49,6 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--relay-host", default="127.0.0.1", help="host of the running relay's HTTP server"
     )
     _add_setting_flags(status, "status_kafka_property")
+    sweep = commands.add_parser(
+        "sweep", help="delete outbox rows the relay has published (the relay also does this)"
+    )
+    sweep.add_argument(
+        "--once",
+        action="store_true",
+        help="select once, wait until the relay's position covers the rows, delete, exit",
+    )
+    sweep.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --once: how long to wait for the relay to confirm past the rows (30)",
+    )
+    _add_setting_flags(sweep, "sweep_kafka_property")
+    setup = commands.add_parser(
+        "setup",
+        help="create what is missing: state table, outbox_emit(), publication, slot",
+    )
+    setup.add_argument(
+        "--create-outbox",
+        action="store_true",
+        help="also create the outbox table of sql/001_outbox.sql (default configuration only)",
+    )
+    _add_setting_flags(setup, "setup_kafka_property")
+    check = commands.add_parser(
+        "check", help="preflight: one line per prerequisite, non-zero exit if any fails"
+    )
+    _add_setting_flags(check, "check_kafka_property")
     return parser
 
 
@@ -89,7 +120,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     }
     properties = [
         item
-        for dest in ("kafka_property", "run_kafka_property", "status_kafka_property")
+        for dest in (
+            "kafka_property",
+            "run_kafka_property",
+            "status_kafka_property",
+            "sweep_kafka_property",
+            "setup_kafka_property",
+            "check_kafka_property",
+        )
         for item in getattr(args, dest, [])
     ]
     if properties:
@@ -122,7 +160,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cdc_relay.status import main as status_main  # noqa: PLC0415 - only for this command
 
         return status_main(settings, args.relay_host)
+    if args.command in ("setup", "check", "sweep"):
+        return maintenance(args, settings)
     return run(settings)
+
+
+def maintenance(args: argparse.Namespace, settings: Settings) -> int:
+    """The ``setup``, ``check`` and ``sweep`` commands."""
+    if args.command == "sweep":
+        return sweep(settings, once=args.once, wait=args.wait)
+    from cdc_relay import admin  # noqa: PLC0415 - only for these commands
+
+    if args.command == "setup":
+        return admin.setup(settings, create_outbox=args.create_outbox)
+    return admin.check(settings)
+
+
+def sweep(settings: Settings, once: bool, wait: float) -> int:
+    """``sweep --once``: one selection, deletes as the relay confirms; else sweep until stopped."""
+    import threading  # noqa: PLC0415
+
+    from cdc_relay.sweeper import Sweeper  # noqa: PLC0415 - late, as run() does
+
+    try:
+        sweeper = Sweeper(settings)
+        if once:
+            try:
+                result = sweeper.sweep_until_done(timeout=max(wait, 0.0))
+            finally:
+                sweeper.close()
+            for line in result.describe():
+                print(line)
+            return 0
+        if settings.sweep_interval <= 0:
+            raise ConfigError("CDC_RELAY_SWEEP_INTERVAL is 0 (sweeping disabled); use --once")
+    except RelayError as exc:
+        print(f"cdc-relay: {exc}", file=sys.stderr)
+        return exc.exit_code
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: for a relay that looks stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    sweeper.run(stop)
+    return 0
 
 
 def run(settings: Settings) -> int:

@@ -209,6 +209,7 @@ class Publisher:
         self._last_error_log = 0.0
         self.fatal_error: str | None = None
         self._config = config
+        self._admin: AdminClient | None = None
         self._producer = Producer(
             {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
         )
@@ -246,6 +247,7 @@ class Publisher:
         # The producer holds our error callback, we hold the producer: break the cycle so that
         # librdkafka's threads and connections go away now, not at some later garbage collection.
         del self._producer, self.produce_raw, self.poll
+        self._admin = None
 
     def ensure_topic(
         self, topic: str, create: bool, partitions: int, replication_factor: int
@@ -274,8 +276,10 @@ class Publisher:
                 KafkaError.UNKNOWN_TOPIC_OR_PART,
                 f"topic {topic!r} does not exist and CDC_RELAY_MISSING_TOPICS=fail: create it",
             )
-        admin = AdminClient(dict(admin_config(self._config)))
-        future = admin.create_topics(
+        if self._admin is None:
+            # Kept for the producer's lifetime: destroying a client waits for its requests.
+            self._admin = AdminClient(dict(admin_config(self._config)))
+        future = self._admin.create_topics(
             [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)],
             operation_timeout=METADATA_TIMEOUT,
         )[topic]

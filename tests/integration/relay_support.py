@@ -90,6 +90,8 @@ class RelayProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # the relay dumps its threads' stacks
+            time.sleep(1)
             self.proc.kill()
             raise AssertionError(f"relay did not exit within {timeout}s:\n{self.logs()}") from None
 
