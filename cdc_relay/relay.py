@@ -523,6 +523,9 @@ class _Session:
             "topic": refused.topic,
             "error": refused.reason,
         }
+        trace_id = _trace_id(refused.headers)
+        if trace_id:
+            fields["trace_id"] = trace_id
         if settings.poison_policy is PoisonPolicy.STOP:
             # The transaction can never complete, so the watermark never passes it.
             txn.pending += 1
@@ -776,3 +779,12 @@ class _Progress:
                 },
             )
         self.at, self.received, self.published = now, received, published
+
+
+def _trace_id(headers: list[tuple[str, bytes]]) -> str | None:
+    """The W3C trace id of a record's ``traceparent`` header, for log lines."""
+    for name, value in headers:
+        if name == "traceparent":
+            parts = value.decode("ascii", "replace").split("-")
+            return parts[1] if len(parts) == 4 else None
+    return None
