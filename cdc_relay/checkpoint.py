@@ -50,6 +50,9 @@ class PostgresCheckpointStore:
                 "CREATE TABLE IF NOT EXISTS {} (slot_name text PRIMARY KEY, "
                 "confirmed_lsn pg_lsn NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
             ).format(self._table),
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS sweep_from_xid xid8").format(
+                self._table
+            ),
         ]
         try:
             for statement in statements:
@@ -68,13 +71,31 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return parse_lsn(str(row[0])) if row else None
 
-    def save(self, lsn: int) -> None:
+    def save(self, lsn: int, new_slot: bool = False) -> None:
+        """Record ``lsn``. With ``new_slot`` (the slot was just created) the sweep boundary is
+        set afresh; otherwise it is set only when missing."""
         query = sql.SQL(
-            "INSERT INTO {} AS p (slot_name, confirmed_lsn) VALUES (%s, %s::pg_lsn) "
+            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
+            "VALUES (%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())) "
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
-            "updated_at = now()"
+            "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
+            "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END"
         ).format(self._table)
-        self._run(query, (self._slot, format_lsn(lsn)))
+        self._run(query, (self._slot, format_lsn(lsn), new_slot))
+
+    def load_sweep_boundary(self) -> int | None:
+        """The first transaction id whose outbox rows the slot is sure to have streamed.
+
+        Taken when the slot was created (or first adopted): creating a logical slot waits for
+        the transactions running then, so any transaction id assigned afterwards commits after
+        the slot's consistent point and is decoded. Rows of older transactions — those that
+        predate the slot — may never have been published, and the sweeper leaves them alone.
+        """
+        query = sql.SQL("SELECT sweep_from_xid::text FROM {} WHERE slot_name = %s").format(
+            self._table
+        )
+        row = self._run(query, (self._slot,)).fetchone()
+        return int(str(row[0])) if row and row[0] is not None else None
 
     def _run(
         self, query: sql.Composed, params: tuple[object, ...]

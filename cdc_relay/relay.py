@@ -75,6 +75,7 @@ from cdc_relay.replication.source import (
     retained_wal,
 )
 from cdc_relay.replication.stream import ReplicationStream
+from cdc_relay.sweeper import Sweeper
 from cdc_relay.watermark import PendingTransaction, Watermark
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ _XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
 _KEEPALIVE_WAL_END = slice(1, 9)
 _XLOG_WAL_END = slice(9, 17)
 READY_PROBE_TIMEOUT = 2.0
+SWEEPER_JOIN_TIMEOUT = 10.0
 READY_STALL_AFTER = 5.0  # seconds without an acknowledgement (records waiting) -> not ready
 RETAINED_WAL_CHECK_INTERVAL = 10.0
 
@@ -152,7 +154,15 @@ class Relay:
         return True, "streaming"
 
     def run(self) -> None:
-        """Serve metrics and health while relaying, until stopped."""
+        """Serve metrics and health, sweep published rows, and relay, until stopped."""
+        sweeper_thread = None
+        if self.settings.sweep_interval > 0:
+            sweeper = Sweeper(self.settings, self.stats)  # a bad retention setting fails here
+            self.stats.sweeper = sweeper
+            sweeper_thread = threading.Thread(
+                target=sweeper.run, args=(self._stop,), name="cdc-relay-sweeper", daemon=True
+            )
+            sweeper_thread.start()
         metrics = RelayMetrics(self.stats, self._registry or _process_registry())
         server = None
         if self.settings.http_port:
@@ -163,6 +173,9 @@ class Relay:
         try:
             self._run_sessions()
         finally:
+            self.request_stop()  # also stops the sweeper
+            if sweeper_thread is not None:
+                sweeper_thread.join(SWEEPER_JOIN_TIMEOUT)
             if server is not None:
                 server.stop()
             metrics.shutdown()
@@ -264,7 +277,9 @@ class Relay:
             warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
             slot = source.create_slot()
             log.info("created replication slot", extra={"fields": {"slot": slot.name}})
-            start, recorded = slot.confirmed_flush or 0, None
+            start = slot.confirmed_flush or 0
+            store.save(start, new_slot=True)
+            recorded = start
         else:
             source.check_slot(slot)
             start, warning = resolve_start(

@@ -8,3 +8,6 @@ CREATE TABLE IF NOT EXISTS cdc_relay.slot_position (
     confirmed_lsn pg_lsn      NOT NULL,
     updated_at    timestamptz NOT NULL DEFAULT now()
 );
+-- The first transaction id whose outbox rows the slot is sure to stream: set when the slot is
+-- created. The sweeper never deletes rows of older transactions (they may predate the slot).
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_from_xid xid8;

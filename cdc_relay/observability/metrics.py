@@ -193,6 +193,19 @@ class RelayMetrics:
             "By",
         )
 
+        counter(
+            "cdc_relay.sweeper.rows_deleted",
+            "Published outbox rows the sweeper deleted",
+            lambda: stats.sweeper.deleted_total if stats.sweeper else 0,
+            "{row}",
+        )
+        gauge(
+            "cdc_relay.sweeper.rows_waiting",
+            "Outbox rows selected for deletion, waiting for the confirmed position",
+            lambda: stats.sweeper.rows_waiting if stats.sweeper else 0,
+            "{row}",
+        )
+
     def prometheus_text(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -11,6 +11,7 @@ import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 # Seconds; explicit bucket boundaries in OpenTelemetry's sense (upper bounds, +Inf implied).
 LATENCY_BOUNDARIES: tuple[float, ...] = (
@@ -41,6 +42,12 @@ class LatencyHistogram:
         self.max = max(self.max, value)
 
 
+class SweeperCounters(Protocol):
+    deleted_total: int
+    rows_waiting: int
+    last_sweep_at: float
+
+
 @dataclass
 class RelayStats:
     """Shared between the relay loop (writer) and the HTTP/metrics threads (readers)."""
@@ -64,6 +71,7 @@ class RelayStats:
     streaming: bool = False
     last_loop: float = field(default_factory=time.monotonic)
     delivery_stalled: bool = False
+    sweeper: SweeperCounters | None = None  # set when the relay runs its sweeper
 
     @property
     def published(self) -> int:
@@ -99,4 +107,7 @@ class RelayStats:
             "lag_seconds": round(self.lag_seconds(), 3),
             "retained_wal_bytes": self.retained_wal_bytes,
             "latency_count": self.latency.count,
+            "swept_rows": self.sweeper.deleted_total if self.sweeper else None,
+            "rows_waiting_to_be_swept": self.sweeper.rows_waiting if self.sweeper else None,
+            "last_sweep_at": self.sweeper.last_sweep_at if self.sweeper else None,
         }

@@ -121,6 +121,8 @@ def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> d
         "CDC_RELAY_DEAD_LETTER_TOPIC": f"{unique}.dead_letter",
         "CDC_RELAY_LOG_LEVEL": "DEBUG",
         "CDC_RELAY_HTTP_PORT": "0",  # tests that need the HTTP server pass a free port
+        # Tests read the outbox table as ground truth; the sweeper's own tests turn it on.
+        "CDC_RELAY_SWEEP_INTERVAL": "0",
     }
     env.update({f"CDC_RELAY_{k.upper()}": v for k, v in extra.items()})
     return env

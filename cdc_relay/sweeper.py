@@ -1,0 +1,509 @@
+"""Deleting published outbox rows — never a row whose event Kafka has not acknowledged.
+
+The invariant: a row visible to a statement that also reads ``pg_current_wal_insert_lsn()`` was
+committed *below* that LSN (a transaction becomes visible only after its commit record is in the
+WAL, and the statement's snapshot is taken before the function runs). The relay's own record,
+``<state_schema>.slot_position.confirmed_lsn``, is a position below which Kafka acknowledged every
+event. So, per outbox table, two phases and no state that must survive a crash:
+
+1. *select*: one short statement returns the fence ``L = pg_current_wal_insert_lsn()`` together
+   with up to ``CDC_RELAY_SWEEP_BATCH_SIZE`` candidate ids (older than the retention, if any),
+   in id order; a backlog is read as several such pages, each with its own fence, up to
+   :data:`MAX_CANDIDATES_PER_TABLE` per pass;
+2. *delete*: once the recorded position is ``>= L``, ``DELETE ... WHERE id = ANY(candidates)`` in a
+   transaction of its own: row locks on published rows only, never a table lock, so inserting
+   writers are never blocked.
+
+Candidates wait in memory between passes; after a crash they are simply selected again — with a
+new fence, which the relay has to confirm past first (the fence is the WAL's end, always beyond
+the record), so a sweeper that starts while the relay is down deletes nothing. The publication
+publishes inserts only, so the deletes never reach the relay (nor Kafka).
+
+Two guards: a table is swept only while the relay's publication publishes its inserts (rows of a
+table the relay does not stream are never "published", whatever the recorded position says), and
+only when its id column has a unique index (the delete names rows by id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from cdc_relay.checkpoint import PostgresCheckpointStore
+from cdc_relay.config import OutboxTable, Settings, env_name
+from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
+from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.replication.source import connect
+
+log = logging.getLogger(__name__)
+
+# Candidate rows held per table between passes (memory: ~100 bytes each). A backlog larger than
+# this is worked through over several passes.
+MAX_CANDIDATES_PER_TABLE = 100_000
+LOCK_TIMEOUT = "2s"  # a row someone else holds locked is retried next pass, never waited for
+STATEMENT_TIMEOUT = "60s"
+WAIT_POLL = 0.2  # seconds between looks at the recorded position in sweep_until_done
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One selected batch: ids visible to a statement that read ``fence`` as the WAL insert end."""
+
+    fence: int
+    ids: tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class SweptBatch:
+    """One delete transaction."""
+
+    table: str
+    fence: int
+    position: int  # the relay's recorded position that covered the fence
+    ids: tuple[object, ...]  # the ids actually deleted (RETURNING)
+    at: float  # Unix time right after the commit
+
+
+class CandidateQueue:
+    """A table's selected batches, oldest fence first (fences only grow). Pure, no I/O."""
+
+    def __init__(self) -> None:
+        self._batches: deque[Candidates] = deque()
+        self._rows = 0
+
+    def add(self, fence: int, ids: Sequence[object]) -> None:
+        if not ids:
+            return
+        if self._batches and fence < self._batches[-1].fence:
+            raise ValueError("fences must not go backwards")
+        self._batches.append(Candidates(fence, tuple(ids)))
+        self._rows += len(ids)
+
+    def take_covered(self, position: int | None) -> list[Candidates]:
+        """Remove and return the batches whose fence ``position`` covers."""
+        taken: list[Candidates] = []
+        while position is not None and self._batches and self._batches[0].fence <= position:
+            batch = self._batches.popleft()
+            self._rows -= len(batch.ids)
+            taken.append(batch)
+        return taken
+
+    def put_back(self, batches: Sequence[Candidates]) -> None:
+        """Return batches (taken but not deleted) to the front, keeping fence order."""
+        for batch in reversed(batches):
+            self._batches.appendleft(batch)
+            self._rows += len(batch.ids)
+
+    def clear(self) -> None:
+        self._batches.clear()
+        self._rows = 0
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def highest_fence(self) -> int | None:
+        return self._batches[-1].fence if self._batches else None
+
+    def __bool__(self) -> bool:
+        return bool(self._batches)
+
+
+@dataclass
+class SweepResult:
+    """What one pass (or one ``sweep_until_done``) did and what still waits."""
+
+    deleted: int = 0
+    waiting: int = 0  # candidates waiting for the relay, plus an estimate of rows not yet selected
+    position: int | None = None  # the relay's recorded position (None: no record yet)
+    fence: int | None = None  # the highest fence among waiting candidates
+    batches: list[SweptBatch] = field(default_factory=list)
+    deleted_by_table: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # table -> why it was not swept
+
+    def add(self, batch: SweptBatch) -> None:
+        self.batches.append(batch)
+        self.deleted += len(batch.ids)
+        self.deleted_by_table[batch.table] = self.deleted_by_table.get(batch.table, 0) + len(
+            batch.ids
+        )
+
+    def describe(self) -> list[str]:
+        """Lines for ``python -m cdc_relay sweep``."""
+        lines = []
+        for table, count in self.deleted_by_table.items():
+            transactions = sum(1 for b in self.batches if b.table == table)
+            lines.append(
+                f"deleted {count} published row(s) from {table} in {transactions} transaction(s)"
+            )
+        if not self.deleted_by_table:
+            lines.append("deleted nothing")
+        for table, error in self.errors.items():
+            lines.append(f"not swept {table}: {error}")
+        if self.waiting == 0:
+            lines.append("nothing waits")
+        elif self.position is None:
+            lines.append(
+                f"{self.waiting} row(s) wait: the relay has not recorded a position yet "
+                "(has it ever run?)"
+            )
+        elif self.fence is not None and self.fence > self.position:
+            lines.append(
+                f"{self.waiting} row(s) wait for the relay to confirm past "
+                f"{format_lsn(self.fence)} (it has confirmed {format_lsn(self.position)})"
+            )
+        else:
+            lines.append(f"{self.waiting} row(s) wait for the next sweep")
+        return lines
+
+
+def has_unique_id(conn: Connection, table: OutboxTable) -> bool:
+    """Whether a unique index on the id column alone exists (a primary key is one).
+
+    The sweeper deletes by id: without uniqueness an id could also name a later, unpublished row.
+    """
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a "
+        "ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1 "
+        "AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = %s)",
+        (table.table, table.columns.id),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+class _TableState:
+    def __init__(self, table: OutboxTable) -> None:
+        self.table = table
+        self.queue = CandidateQueue()
+        self.unselected = 0  # estimate of eligible rows beyond the candidates (selection capped)
+
+
+class Sweeper:
+    """Deletes the outbox rows the relay has published; see the module documentation."""
+
+    def __init__(self, settings: Settings, stats: RelayStats | None = None) -> None:
+        self.settings = settings
+        self.stats = stats  # the relay's; this sweeper's own counters are the attributes below
+        self.batch_size = settings.sweep_batch_size
+        self.retention = settings.sweep_retention_seconds
+        tables = settings.tables()
+        if self.retention > 0:
+            lacking = [t.table for t in tables if t.columns.created_at is None]
+            if lacking:
+                raise ConfigError(
+                    f"invalid configuration: {env_name('sweep_retention_seconds')}: retention "
+                    f"needs a creation-time column, and {', '.join(lacking)} has none (set "
+                    f'"created_at" in {env_name("outbox_columns")} / '
+                    f"{env_name('outbox_tables')}, or set the retention to 0)"
+                )
+        self._tables = [_TableState(t) for t in tables]
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one pass at a time (relay thread vs. a CLI caller)
+        self._stop: threading.Event | None = None  # run()'s: a long pass ends early on stop
+        self._reported: dict[str, str] = {}  # table -> the error last logged for it
+        # Counters for metrics and /status.
+        self.deleted_total = 0
+        self.last_sweep_at = 0.0  # Unix time of the last completed pass
+        self.rows_waiting = 0
+
+    # -- the public API ----------------------------------------------------------------------
+
+    def sweep_once(self) -> SweepResult:
+        """One pass: delete the candidates the relay's position now covers, then select more."""
+        with self._lock:
+            return self._pass(select=True)
+
+    def sweep_until_done(self, timeout: float) -> SweepResult:
+        """One selection, then delete as the relay's position covers it, for at most ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            total = self._pass(select=True)
+            while any(state.queue for state in self._tables):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                if total.position is None or (
+                    total.fence is not None and total.fence > total.position
+                ):
+                    time.sleep(min(WAIT_POLL, remaining))
+                result = self._pass(select=False)
+                for batch in result.batches:
+                    total.add(batch)
+                total.waiting, total.position, total.fence = (
+                    result.waiting,
+                    result.position,
+                    result.fence,
+                )
+                total.errors.update(result.errors)
+            return total
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every ``sweep_interval`` seconds until ``stop`` is set; never raises."""
+        interval = self.settings.sweep_interval
+        if interval <= 0:
+            return
+        max_backoff = max(self.settings.reconnect_max_backoff, interval)
+        backoff = interval
+        self._stop = stop
+        try:
+            while not stop.is_set():
+                delay = interval
+                try:
+                    result = self.sweep_once()
+                except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
+                    self.close()
+                    log.warning(
+                        "sweep failed, retrying",
+                        extra={"fields": {"error": str(exc).strip(), "retry_in_s": backoff}},
+                    )
+                    delay, backoff = backoff, min(backoff * 2, max_backoff)
+                except Exception:  # a bug must not end the relay's sweeping for good
+                    self.close()
+                    log.exception("unexpected error while sweeping, retrying")
+                    delay, backoff = backoff, min(backoff * 2, max_backoff)
+                else:
+                    backoff = interval
+                    self._log(result)
+                stop.wait(delay)
+        finally:
+            self.close()
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def _pass(self, select: bool) -> SweepResult:
+        conn = self._connection()
+        try:
+            result = self._sweep(conn, select)
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise SourceUnavailable(f"sweeper lost its database connection: {exc}") from None
+        except psycopg.Error as exc:  # e.g. statement_timeout: try again later
+            self.close()
+            raise SourceUnavailable(f"sweep failed: {str(exc).strip()}") from None
+        self.rows_waiting = result.waiting
+        self.last_sweep_at = time.time()
+        return result
+
+    def _sweep(self, conn: Connection, select: bool) -> SweepResult:
+        result = SweepResult()
+        position = self._published_position(conn)
+        result.position = position
+        published = self._published_tables(conn)
+        for state in self._tables:
+            table = state.table.table
+            if table not in published:
+                state.queue.clear()  # selected under a publication that no longer covers it
+                result.errors[table] = (
+                    f"not in publication {self.settings.publication_name} (inserts): its rows "
+                    "are not relayed, so none is ever deleted"
+                )
+                continue
+            if not has_unique_id(conn, state.table):
+                # DELETE ... WHERE id = ANY(...) would also hit a later row with the same id.
+                state.queue.clear()
+                result.errors[table] = (
+                    f"column {state.table.columns.id} has no unique index, so an id may not name "
+                    f"one row: CREATE UNIQUE INDEX ON {table} ({state.table.columns.id})"
+                )
+                continue
+            if self._stopping():
+                break
+            try:
+                self._delete_covered(conn, state, position, result)
+                if select and not state.queue:
+                    self._select(conn, state)
+            except (
+                psycopg.errors.UndefinedTable,
+                psycopg.errors.UndefinedColumn,
+                psycopg.errors.InsufficientPrivilege,
+            ) as exc:
+                state.queue.clear()
+                result.errors[table] = self._setup_message(state.table, exc)
+        result.waiting = sum(s.queue.rows + s.unselected for s in self._tables)
+        fences = [s.queue.highest_fence for s in self._tables if s.queue]
+        result.fence = max(f for f in fences if f is not None) if fences else None
+        return result
+
+    def _delete_covered(
+        self, conn: Connection, state: _TableState, position: int | None, result: SweepResult
+    ) -> None:
+        taken = state.queue.take_covered(position)
+        for index, batch in enumerate(taken):
+            assert position is not None  # take_covered returns nothing without a position
+            if self._stopping():
+                state.queue.put_back(taken[index:])
+                return
+            try:
+                ids = self._delete(conn, state.table, batch)
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                # Somebody holds one of these rows: try again next pass.
+                state.queue.put_back(taken[index:])
+                return
+            self.deleted_total += len(ids)  # counted at once: a later failure must not lose it
+            result.add(SweptBatch(state.table.table, batch.fence, position, ids, time.time()))
+
+    def _delete(
+        self, conn: Connection, table: OutboxTable, batch: Candidates
+    ) -> tuple[object, ...]:
+        """One short transaction (autocommit): delete the batch, return the ids deleted."""
+        id_column = sql.Identifier(table.columns.id)
+        statement = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s) RETURNING {}").format(
+            sql.Identifier(*table.schema_and_name), id_column, id_column
+        )
+        rows = conn.execute(statement, (list(batch.ids),)).fetchall()
+        return tuple(row[0] for row in rows)
+
+    def _select(self, conn: Connection, state: _TableState) -> None:
+        """Phase 1: pages of candidates, each with its own fence, up to the per-table cap."""
+        table = state.table
+        state.unselected = 0
+        boundary = self._sweep_boundary(conn)
+        if boundary is None:
+            return  # no slot recorded yet: nothing is known to be published
+        after: object = None
+        while state.queue.rows < MAX_CANDIDATES_PER_TABLE and not self._stopping():
+            fence, ids = self._select_page(conn, table, after, boundary)
+            state.queue.add(fence, ids)
+            if len(ids) < self.batch_size:
+                return
+            after = ids[-1]
+        # Capped: estimate what is left for later passes (statistics, may lag).
+        row = conn.execute(
+            "SELECT greatest(n_live_tup, 0) FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            (table.table,),
+        ).fetchone()
+        live = int(str(row[0])) if row and row[0] is not None else 0
+        state.unselected = max(live - state.queue.rows, 0)
+
+    def _select_page(
+        self, conn: Connection, table: OutboxTable, after: object, boundary: int
+    ) -> tuple[int, list[object]]:
+        id_column = sql.Identifier(table.columns.id)
+        # Only rows of transactions the slot is sure to have streamed (see
+        # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
+        # wraparound, and a frozen xmin has the greatest age, so it is never taken.
+        conditions: list[sql.Composable] = [sql.SQL("age(xmin) <= age(%s::text::xid)")]
+        params: list[object] = [str(boundary & 0xFFFFFFFF)]
+        if after is not None:
+            conditions.append(sql.SQL("{} > %s").format(id_column))
+            params.append(after)
+        if self.retention > 0:
+            assert table.columns.created_at is not None  # checked in __init__
+            conditions.append(
+                sql.SQL("{} < now() - make_interval(secs => %s)").format(
+                    sql.Identifier(table.columns.created_at)
+                )
+            )
+            params.append(self.retention)
+        where = (
+            sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+        )
+        # One statement: its snapshot precedes the fence, so every id it returns was committed
+        # below the fence.
+        statement = sql.SQL(
+            "SELECT pg_current_wal_insert_lsn()::text, "
+            "array(SELECT {id} FROM {table}{where} ORDER BY {id} LIMIT %s)"
+        ).format(id=id_column, table=sql.Identifier(*table.schema_and_name), where=where)
+        params.append(self.batch_size)
+        row = conn.execute(statement, params).fetchone()
+        assert row is not None
+        fence_text, ids = row
+        return parse_lsn(str(fence_text)), list(ids) if isinstance(ids, list) else []
+
+    # -- what the relay has published --------------------------------------------------------
+
+    def _published_position(self, conn: Connection) -> int | None:
+        store = PostgresCheckpointStore(conn, self.settings.state_schema, self.settings.slot_name)
+        try:
+            return store.load()
+        except psycopg.errors.UndefinedTable:
+            return None  # the relay never ran: nothing is published
+
+    def _sweep_boundary(self, conn: Connection) -> int | None:
+        store = PostgresCheckpointStore(conn, self.settings.state_schema, self.settings.slot_name)
+        try:
+            return store.load_sweep_boundary()
+        except psycopg.errors.UndefinedColumn:
+            return None  # a state table from before the boundary existed: the relay adds it
+        except psycopg.errors.UndefinedTable:
+            return None
+
+    def _published_tables(self, conn: Connection) -> set[str]:
+        rows = conn.execute(
+            "SELECT t.schemaname || '.' || t.tablename FROM pg_publication_tables t "
+            "JOIN pg_publication p ON p.pubname = t.pubname "
+            "WHERE t.pubname = %s AND p.pubinsert",
+            (self.settings.publication_name,),
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            conn = connect(self.settings.database_url.get_secret_value())
+            try:
+                conn.execute("SET application_name = 'cdc-relay sweeper'")
+                conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+                conn.execute(
+                    sql.SQL("SET statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT))
+                )
+            except psycopg.OperationalError as exc:
+                conn.close()
+                raise SourceUnavailable(f"sweeper cannot use its connection: {exc}") from None
+            self._conn = conn
+        return self._conn
+
+    def _setup_message(self, table: OutboxTable, exc: psycopg.Error) -> str:
+        detail = exc.diag.message_primary or str(exc).strip()
+        if isinstance(exc, psycopg.errors.UndefinedColumn) and self.retention > 0:
+            return (
+                f"{detail}: {env_name('sweep_retention_seconds')} measures the column "
+                f"{table.columns.created_at!r}; add it to {table.table} or map another one "
+                f'("created_at" in {env_name("outbox_columns")})'
+            )
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return f"{detail}: GRANT SELECT, DELETE ON {table.table} TO the relay's user"
+        return detail
+
+    def _log(self, result: SweepResult) -> None:
+        if result.deleted:
+            log.info(
+                "swept published outbox rows",
+                extra={
+                    "fields": {
+                        "deleted": result.deleted,
+                        "transactions": len(result.batches),
+                        "waiting": result.waiting,
+                        "position": format_lsn(result.position or 0),
+                    }
+                },
+            )
+        for table, error in result.errors.items():
+            if self._reported.get(table) != error:
+                log.error(
+                    "outbox table not swept", extra={"fields": {"table": table, "error": error}}
+                )
+        self._reported = dict(result.errors)

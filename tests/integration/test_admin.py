@@ -1,0 +1,384 @@
+"""``python -m cdc_relay setup`` and ``check`` against a real PostgreSQL and broker, run the way an
+operator runs them: a child process, environment variables, printed lines, the exit code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import psycopg
+import pytest
+
+from cdc_relay.admin import admin_config
+from cdc_relay.local import LocalPostgres
+from cdc_relay.local.postgres import find_bindir
+from cdc_relay.replication.stream import ReplicationStream
+from tests.conftest import KafkaBroker
+from tests.integration.relay_support import (
+    OUTBOX_DDL,
+    RelayProcess,
+    create_outbox,
+    free_port,
+    new_event,
+    relay_env,
+    scalar,
+    wait_until,
+    write_transactions,
+)
+from tests.kafka_helpers import consume_all
+
+pytestmark = pytest.mark.integration
+
+SETUP_ITEMS = ("table", "state table", "function", "publication", "replication slot")
+
+
+def cdc_relay(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_relay", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tempfile.gettempdir(),  # no stray .env file is read
+        check=False,
+    )
+
+
+def lines_of(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """``check`` output as {check name: whole line}."""
+    found: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        assert line.startswith(("ok   ", "FAIL ")), line
+        found[line[5:].split(":", 1)[0]] = line
+    return found
+
+
+def failed(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {name: line for name, line in lines_of(result).items() if line.startswith("FAIL")}
+
+
+@pytest.fixture
+def env(database: str, broker: KafkaBroker, unique: str) -> dict[str, str]:
+    return relay_env(database, broker.bootstrap_servers, unique)
+
+
+# -- setup ------------------------------------------------------------------------------------
+
+
+def test_setup_on_an_empty_database_then_the_relay_works(
+    database: str, broker: KafkaBroker, unique: str, env: dict[str, str]
+) -> None:
+    result = cdc_relay(env, "setup", "--create-outbox")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["created"] * len(SETUP_ITEMS)
+    for line, item in zip(lines, SETUP_ITEMS, strict=True):
+        assert line.startswith(f"created {item} "), line
+    assert f"replication slot slot_{unique} (pgoutput) at " in lines[-1]
+
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        event = new_event("order", "o-1", "created", {"total": 3})
+        write_transactions(database, [[event]])
+        records = consume_all(broker.bootstrap_servers, topic, 1, timeout=30)
+    finally:
+        relay.stop()
+        relay.close()
+    assert [r.header("id") for r in records] == [event.id.encode()]
+    assert "created replication slot" not in relay.logs(), "setup's slot and record were used"
+
+
+def test_setup_twice_is_idempotent(env: dict[str, str]) -> None:
+    first = cdc_relay(env, "setup", "--create-outbox")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = cdc_relay(env, "setup", "--create-outbox")
+    assert second.returncode == 0, second.stdout + second.stderr
+    lines = second.stdout.splitlines()
+    assert len(lines) == len(SETUP_ITEMS)
+    for line, item in zip(lines, SETUP_ITEMS, strict=True):
+        assert line.startswith(f"exists  {item} "), line
+    # The slot is the same one: same position printed.
+    assert first.stdout.splitlines()[-1].split()[-1] == lines[-1].split()[-1]
+
+
+def test_setup_will_not_recreate_a_lost_slot(database: str, env: dict[str, str]) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    scalar(database, "SELECT pg_drop_replication_slot(%s)", slot)
+    result = cdc_relay(env, "setup")
+    assert result.returncode == 4, result.stdout
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith(f"FAIL replication slot {slot}: missing, but the relay recorded")
+    assert "CDC_RELAY_ALLOW_SLOT_RESET=true" in last
+    assert (
+        scalar(database, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", slot)
+        == 0
+    )
+
+
+def test_setup_create_outbox_is_only_for_the_default_table(env: dict[str, str]) -> None:
+    result = cdc_relay({**env, "CDC_RELAY_OUTBOX_TABLE": "app.events"}, "setup", "--create-outbox")
+    assert result.returncode == 2
+    assert result.stdout.startswith("FAIL table: --create-outbox creates public.outbox")
+
+
+def test_outbox_emit_writes_a_transactional_message(database: str, env: dict[str, str]) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    peek_slot = f"peek_{uuid.uuid4().hex[:8]}"
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (peek_slot,))
+        conn.execute("SET synchronous_commit = on")  # peeking reads flushed WAL only
+        row = conn.execute("SELECT outbox_emit('order', 'o-1', 'created', '{\"a\": 1}')").fetchone()
+        assert row is not None
+        event_id = row[0]
+        assert isinstance(event_id, uuid.UUID)
+        with pytest.raises(psycopg.errors.NullValueNotAllowed):
+            conn.execute("SELECT outbox_emit('order', '', 'created', '{}')")
+        changes = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+            "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+            (peek_slot, publication),
+        ).fetchall()
+        stored = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    kinds = [bytes(c[0])[:1] for c in changes]
+    assert kinds == [b"B", b"M", b"C"], "one transaction carrying one message"
+    message = bytes(changes[1][0])
+    assert message[1] & 1, "transactional"
+    prefix_end = message.index(b"\0", 10)
+    assert message[10:prefix_end] == b"outbox"
+    length = int.from_bytes(message[prefix_end + 1 : prefix_end + 5], "big")
+    content = orjson.loads(message[prefix_end + 5 : prefix_end + 5 + length])
+    assert content == {
+        "id": str(event_id),
+        "aggregate_type": "order",
+        "aggregate_id": "o-1",
+        "event_type": "created",
+        "payload": {"a": 1},
+        "headers": None,
+    }
+    assert stored == (0,), "nothing is stored in a table"
+
+
+# -- check ------------------------------------------------------------------------------------
+
+
+def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    result = cdc_relay(env, "check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = lines_of(result)
+    assert all(line.startswith("ok   ") for line in lines.values()), result.stdout
+    expected = {
+        "connection",
+        "server version",
+        "wal_level",
+        "replication slots",
+        "wal senders",
+        "privileges",
+        "table public.outbox",
+        "state table",
+        "publication",
+        "slot",
+        "broker",
+        "topics",
+    }
+    if plugin == "wal2json":
+        expected.add("wal2json")
+        assert lines["wal2json"] == "ok   wal2json: installed"
+    assert set(lines) == expected
+    assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
+
+
+@pytest.fixture
+def replica_server() -> Iterator[LocalPostgres]:
+    try:
+        find_bindir()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    server = LocalPostgres(settings={"wal_level": "replica"})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_check_fails_when_wal_level_is_not_logical(
+    replica_server: LocalPostgres, broker: KafkaBroker, unique: str
+) -> None:
+    url = replica_server.url()
+    create_outbox(url)
+    result = cdc_relay(relay_env(url, broker.bootstrap_servers, unique), "check")
+    assert result.returncode == 1
+    line = failed(result)["wal_level"]
+    assert line == (
+        "FAIL wal_level: wal_level is 'replica', logical decoding needs 'logical': run ALTER "
+        "SYSTEM SET wal_level = logical; then restart PostgreSQL"
+    )
+
+
+def test_check_fails_without_a_publication(database: str, env: dict[str, str]) -> None:
+    create_outbox(database)
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    assert set(failed(result)) == {"publication"}, result.stdout
+    assert failed(result)["publication"] == (
+        f"FAIL publication: {publication} does not exist: run python -m cdc_relay setup, or as "
+        f"the tables' owner: CREATE PUBLICATION {publication} FOR TABLE public.outbox WITH "
+        "(publish = 'insert')"
+    )
+
+
+def test_check_fails_for_a_publication_that_publishes_too_much(
+    database: str, env: dict[str, str]
+) -> None:
+    create_outbox(database)
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE outbox, other".encode())
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    line = failed(result)["publication"]
+    assert f"run ALTER PUBLICATION {publication} DROP TABLE public.other" in line
+    assert "publishes update, delete, truncate" in line
+    assert f"run ALTER PUBLICATION {publication} SET (publish = 'insert')" in line
+
+
+def test_check_fails_for_a_missing_column(database: str, env: dict[str, str]) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(OUTBOX_DDL.replace("    event_type     text        NOT NULL,\n", "").encode())
+        columns = conn.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'outbox' "
+            "AND column_name = 'event_type'"
+        ).fetchone()
+    assert columns == (0,)
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    assert failed(result)["table public.outbox"] == (
+        "FAIL table public.outbox: lacks column(s) event_type: add them, or map the names with "
+        "CDC_RELAY_OUTBOX_COLUMNS"
+    )
+
+
+def test_check_fails_when_ids_are_not_unique_and_the_sweeper_is_on(
+    database: str, env: dict[str, str]
+) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(OUTBOX_DDL.replace("PRIMARY KEY", "").encode())
+    assert cdc_relay(env, "setup").returncode == 0
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    assert set(failed(result)) == {"table public.outbox"}, result.stdout
+    assert failed(result)["table public.outbox"] == (
+        "FAIL table public.outbox: column id has no unique index, and the sweeper deletes by id: "
+        "run CREATE UNIQUE INDEX ON public.outbox (id) (or CDC_RELAY_SWEEP_INTERVAL=0)"
+    )
+    assert cdc_relay({**env, "CDC_RELAY_SWEEP_INTERVAL": "0"}, "check").returncode == 0
+
+
+def test_check_fails_when_the_slot_is_held_by_another_process(
+    database: str, env: dict[str, str]
+) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    holder = ReplicationStream(
+        database,
+        slot,
+        0,
+        {"proto_version": "1", "publication_names": f'"{env["CDC_RELAY_PUBLICATION_NAME"]}"'},
+    )
+    holder.open()
+    try:
+        wait_until(
+            lambda: (
+                scalar(
+                    database,
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    slot,
+                )
+                is not None
+            ),
+            10,
+            "the slot to become active",
+        )
+        pid = scalar(
+            database, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", slot
+        )
+        result = cdc_relay(env, "check")
+    finally:
+        holder.close()
+    assert result.returncode == 1
+    assert set(failed(result)) == {"slot"}, result.stdout
+    assert failed(result)["slot"].startswith(
+        f"FAIL slot: {slot} is in use by process {pid} (application_name 'cdc-relay', "
+    )
+    assert "Stop it before starting this relay" in failed(result)["slot"]
+
+
+def test_check_fails_when_the_broker_is_unreachable(database: str, unique: str) -> None:
+    env = relay_env(database, f"127.0.0.1:{free_port()}", unique)
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    started = time.monotonic()
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    assert set(failed(result)) == {"broker"}, result.stdout
+    line = failed(result)["broker"]
+    assert line.startswith(
+        f"FAIL broker: cannot reach Kafka at {env['CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS']}"
+    )
+    assert "Connection refused" in line
+    assert "topics" not in lines_of(result)
+    assert time.monotonic() - started < 20
+
+
+def test_check_fails_for_a_missing_dead_letter_topic_when_topics_are_not_created(
+    env: dict[str, str],
+) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    result = cdc_relay({**env, "CDC_RELAY_MISSING_TOPICS": "fail"}, "check")
+    assert result.returncode == 1
+    assert failed(result)["topics"].startswith(
+        f"FAIL topics: dead-letter topic {env['CDC_RELAY_DEAD_LETTER_TOPIC']} does not exist and "
+        "CDC_RELAY_MISSING_TOPICS=fail"
+    )
+
+
+def test_admin_client_configuration_keeps_connection_properties_only() -> None:
+    producer = {
+        "bootstrap.servers": "k:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "relay",
+        "sasl.password": "secret",
+        "ssl.ca.location": "/ca.pem",
+        "client.id": "cdc-relay",
+        "acks": "all",
+        "enable.idempotence": "true",
+        "linger.ms": "5",
+        "compression.type": "lz4",
+        "queue.buffering.max.messages": "20000",
+        "message.timeout.ms": "0",
+    }
+    assert admin_config(producer) == {
+        "bootstrap.servers": "k:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "relay",
+        "sasl.password": "secret",
+        "ssl.ca.location": "/ca.pem",
+        "client.id": "cdc-relay",
+    }

@@ -1,0 +1,132 @@
+"""Unit tests for the pure parts of cdc_relay.sweeper: candidate queue, configuration, output."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc_relay.config import OutboxColumns, OutboxTable, Settings
+from cdc_relay.errors import ConfigError
+from cdc_relay.lsn import parse_lsn
+from cdc_relay.sweeper import CandidateQueue, Sweeper, SweepResult, SweptBatch
+
+L1, L2, L3 = parse_lsn("0/100"), parse_lsn("0/200"), parse_lsn("0/300")
+
+
+def _settings(**values: object) -> Settings:
+    base: dict[str, object] = {
+        "database_url": "postgresql://relay@db.example/app",
+        "kafka_bootstrap_servers": "kafka:9092",
+        "sweep_retention_seconds": 0,
+        "outbox_tables": (),
+    }
+    base.update(values)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+# -- CandidateQueue -------------------------------------------------------------------------------
+
+
+def test_nothing_is_taken_without_a_recorded_position() -> None:
+    queue = CandidateQueue()
+    queue.add(L1, ["a", "b"])
+    assert queue.take_covered(None) == []
+    assert queue.rows == 2
+    assert queue.highest_fence == L1
+
+
+def test_only_batches_whose_fence_is_covered_are_taken() -> None:
+    queue = CandidateQueue()
+    queue.add(L1, ["a", "b"])
+    queue.add(L2, ["c"])
+    queue.add(L3, ["d", "e", "f"])
+    assert queue.take_covered(L1 - 1) == []
+    taken = queue.take_covered(L2)  # equal to the fence counts as covered
+    assert [b.ids for b in taken] == [("a", "b"), ("c",)]
+    assert queue.rows == 3
+    assert queue.highest_fence == L3
+    assert [b.ids for b in queue.take_covered(L3 + 10)] == [("d", "e", "f")]
+    assert not queue
+    assert queue.rows == 0
+    assert queue.highest_fence is None
+
+
+def test_put_back_restores_order_and_counts() -> None:
+    queue = CandidateQueue()
+    queue.add(L1, ["a"])
+    queue.add(L2, ["b", "c"])
+    queue.add(L3, ["d"])
+    taken = queue.take_covered(L2)
+    queue.put_back(taken[1:])  # the first was deleted, the second could not be
+    assert queue.rows == 3
+    assert [b.ids for b in queue.take_covered(L3)] == [("b", "c"), ("d",)]
+
+
+def test_empty_selections_are_not_queued_and_fences_never_go_back() -> None:
+    queue = CandidateQueue()
+    queue.add(L2, [])
+    assert not queue
+    queue.add(L2, ["a"])
+    with pytest.raises(ValueError, match="backwards"):
+        queue.add(L1, ["b"])
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_retention_without_a_creation_time_column_is_a_config_error() -> None:
+    settings = _settings(sweep_retention_seconds=60, outbox_columns=OutboxColumns(created_at=None))
+    with pytest.raises(ConfigError, match="CDC_RELAY_SWEEP_RETENTION_SECONDS") as info:
+        Sweeper(settings)
+    assert "public.outbox" in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_retention_names_every_table_that_lacks_the_column() -> None:
+    settings = _settings(
+        sweep_retention_seconds=5,
+        outbox_tables=(
+            OutboxTable(table="app.a"),
+            OutboxTable(table="app.b", columns=OutboxColumns(created_at=None)),
+        ),
+    )
+    with pytest.raises(ConfigError, match=r"app\.b has none"):
+        Sweeper(settings)
+
+
+def test_without_retention_no_creation_time_column_is_needed() -> None:
+    sweeper = Sweeper(_settings(outbox_columns=OutboxColumns(created_at=None)))
+    assert sweeper.deleted_total == 0
+    assert sweeper.rows_waiting == 0
+    assert sweeper.last_sweep_at == 0.0
+
+
+# -- SweepResult.describe -------------------------------------------------------------------------
+
+
+def test_describe_a_pass_that_deleted_everything() -> None:
+    result = SweepResult(position=L3)
+    result.add(SweptBatch("public.outbox", L1, L3, ("a", "b"), 0.0))
+    result.add(SweptBatch("public.outbox", L2, L3, ("c",), 0.0))
+    assert result.deleted == 3
+    assert result.describe() == [
+        "deleted 3 published row(s) from public.outbox in 2 transaction(s)",
+        "nothing waits",
+    ]
+
+
+def test_describe_rows_waiting_for_the_relay() -> None:
+    result = SweepResult(waiting=7, position=L1, fence=L2)
+    assert result.describe() == [
+        "deleted nothing",
+        "7 row(s) wait for the relay to confirm past 0/200 (it has confirmed 0/100)",
+    ]
+
+
+def test_describe_rows_waiting_without_any_record() -> None:
+    lines = SweepResult(waiting=2, position=None, fence=L2).describe()
+    assert lines[-1].startswith("2 row(s) wait: the relay has not recorded a position yet")
+
+
+def test_describe_tables_not_swept() -> None:
+    result = SweepResult(errors={"app.a": "not in publication p (inserts)"})
+    assert "not swept app.a: not in publication p (inserts)" in result.describe()
