@@ -26,6 +26,7 @@ from cdc_relay.checkpoint import STATE_TABLE, PostgresCheckpointStore, resolve_s
 from cdc_relay.config import MissingTopics, OutboxColumns, OutboxTable, Plugin, Settings, redact_url
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.publisher import admin_config
 from cdc_relay.replication.source import (
     MIN_SERVER_VERSION,
     SourceDatabase,
@@ -54,25 +55,6 @@ TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone
 
 # librdkafka properties an AdminClient takes from the producer's configuration: how to reach and
 # authenticate to the cluster. Producer-only properties (acks, linger.ms, ...) are rejected by it.
-_CLIENT_PROPERTY_PREFIXES = (
-    "bootstrap.servers",
-    "client.id",
-    "client.dns.lookup",
-    "security.",
-    "sasl.",
-    "ssl.",
-    "ssl_",
-    "enable.ssl.",
-    "enable.sasl.",
-    "https.",
-    "socket.",
-    "broker.address.",
-    "broker.version.fallback",
-    "api.version",
-    "reconnect.backoff",
-    "retry.backoff",
-    "connections.max.idle.ms",
-)
 
 
 def packaged_sql(name: str) -> str:
@@ -706,15 +688,6 @@ def _topics(settings: Settings, metadata: Any) -> str:
         )
     later = [f"{name} is created when first needed" for name in absent]
     return "; ".join(present + later)
-
-
-def admin_config(producer_config: dict[str, str]) -> dict[str, str]:
-    """The producer configuration minus what an AdminClient refuses: how to reach the cluster."""
-    return {
-        key: value
-        for key, value in producer_config.items()
-        if any(key == p or key.startswith(p) for p in _CLIENT_PROPERTY_PREFIXES)
-    }
 
 
 def _kafka_reason(error: Any) -> str:

@@ -46,20 +46,34 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-# Properties an AdminClient does not take (librdkafka would warn about each).
-_PRODUCER_ONLY = (
-    "enable.idempotence", "acks", "linger.ms", "compression.type", "message.timeout.ms",
-    "queue.buffering.", "batch.", "retries", "retry.backoff", "delivery.", "partitioner",
-    "transactional.", "max.in.flight", "enable.gapless", "sticky.", "request.required.acks",
-)  # fmt: skip
+# Connection and security properties: all an AdminClient needs (it refuses producer ones).
+_CLIENT_PROPERTY_PREFIXES = (
+    "bootstrap.servers",
+    "client.id",
+    "client.dns.lookup",
+    "security.",
+    "sasl.",
+    "ssl.",
+    "ssl_",
+    "enable.ssl.",
+    "enable.sasl.",
+    "https.",
+    "socket.",
+    "broker.address.",
+    "broker.version.fallback",
+    "api.version",
+    "reconnect.backoff",
+    "retry.backoff",
+    "connections.max.idle.ms",
+)
 
 
 def admin_config(producer_config: dict[str, str]) -> dict[str, str | int | float | bool]:
-    """The producer's connection and security settings, for an AdminClient."""
+    """The producer configuration minus what an AdminClient refuses: how to reach the cluster."""
     return {
         key: value
         for key, value in producer_config.items()
-        if not key.startswith(_PRODUCER_ONLY) and key not in ("error_cb", "logger")
+        if any(key == p or key.startswith(p) for p in _CLIENT_PROPERTY_PREFIXES)
     }
 
 

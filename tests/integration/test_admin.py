@@ -15,9 +15,9 @@ import orjson
 import psycopg
 import pytest
 
-from cdc_relay.admin import admin_config
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.postgres import find_bindir
+from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
@@ -279,6 +279,7 @@ def test_check_fails_when_ids_are_not_unique_and_the_sweeper_is_on(
 ) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(OUTBOX_DDL.replace("PRIMARY KEY", "").encode())
+    env = {**env, "CDC_RELAY_SWEEP_INTERVAL": "5"}  # relay_env turns the sweeper off
     assert cdc_relay(env, "setup").returncode == 0
     result = cdc_relay(env, "check")
     assert result.returncode == 1
