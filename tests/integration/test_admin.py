@@ -383,3 +383,62 @@ def test_admin_client_configuration_keeps_connection_properties_only() -> None:
         "ssl.ca.location": "/ca.pem",
         "client.id": "cdc-relay",
     }
+
+
+# The relay itself refuses to start on the same broken prerequisites, with exit code 3 and the
+# statement that fixes it (it runs the same preflight at every session start).
+
+
+def test_relay_refuses_wal_level_replica(
+    replica_server: LocalPostgres, broker: KafkaBroker, unique: str
+) -> None:
+    url = replica_server.url()
+    create_outbox(url)
+    relay = RelayProcess(relay_env(url, broker.bootstrap_servers, unique)).start()
+    try:
+        assert relay.wait(30) == 3
+        assert "ALTER SYSTEM SET wal_level = logical" in relay.logs()
+    finally:
+        relay.close()
+
+
+def test_relay_refuses_a_missing_table(database: str, env: dict[str, str]) -> None:
+    relay = RelayProcess(env).start()
+    try:
+        assert relay.wait(30) == 3
+        assert "outbox table public.outbox does not exist" in relay.logs()
+    finally:
+        relay.close()
+
+
+def test_relay_refuses_a_slot_held_by_another_process(database: str, env: dict[str, str]) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    holder = ReplicationStream(
+        database,
+        slot,
+        0,
+        {"proto_version": "1", "publication_names": f'"{env["CDC_RELAY_PUBLICATION_NAME"]}"'},
+    )
+    holder.open()
+    try:
+        wait_until(
+            lambda: (
+                scalar(
+                    database,
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    slot,
+                )
+                is not None
+            ),
+            10,
+            "the slot to become active",
+        )
+        relay = RelayProcess(env).start()
+        try:
+            assert relay.wait(30) == 3
+            assert f"replication slot '{slot}' is in use by process" in relay.logs()
+        finally:
+            relay.close()
+    finally:
+        holder.close()
