@@ -2,53 +2,58 @@
 
 A backlog of outbox rows is committed before anything reads the slot. The slot is copied
 (``pg_copy_logical_replication_slot``) so that PostgreSQL's own client, ``pg_recvlogical``, decodes
-exactly the same WAL to /dev/null: the ceiling for any pgoutput consumer on this machine. Then the
-relay starts on the original slot, and is timed until the slot is confirmed past the backlog,
-i.e. until Kafka acknowledged every event. Reported as a ratio measured in the same run.
+exactly the same WAL with the relay's own plugin options to /dev/null: the ceiling for any
+consumer of that plugin on this machine. Then the relay starts on the original slot, and is timed
+from its launch until the slot is confirmed past an LSN inside the last transaction, i.e. until
+Kafka acknowledged every event. Reported as a ratio measured in the same run.
 
     python -m bench.catchup --rows 200000 --per-txn 10 [--json results.json]
+
+``python -m bench`` runs this (three sizes) together with the steady-state scenarios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.harness import (
+    COPY,
+    PAD,
+    PUBLICATION,
+    SLOT,
+    TOPIC,
+    TOPIC_PARTITIONS,
+    RelayChild,
+    confirmed_lsn,
+    create_outbox,
+    current_lsn,
+    machine_facts,
+)
+from cdc_relay.config import Settings
+from cdc_relay.decoding import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.postgres import find_bindir
-from cdc_relay.lsn import format_lsn, parse_lsn
-from cdc_relay.wal2json import plugin_options
+from cdc_relay.lsn import format_lsn
 
-REPO = Path(__file__).resolve().parents[1]
-SLOT, COPY, PUBLICATION, TOPIC = "bench", "bench_copy", "bench_pub", "outbox.event.order"
-
-
-def _lsn(conn: psycopg.Connection[Any], query: str) -> int:
-    row = conn.execute(query.encode()).fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
+SAMPLE_INTERVAL = 0.2  # seconds between throughput samples (/status `published`)
+POLL_INTERVAL = 0.02  # seconds between reads of the slot's confirmed position
 
 
-def write_backlog(url: str, rows: int, per_txn: int, plugin: str = "pgoutput") -> int:
-    """Commit ``rows`` outbox rows, ``per_txn`` per transaction; returns an LSN inside the last."""
-    payload = "x" * 200  # ~250-byte payloads, as in the issue's peer measurements
+def write_backlog(url: str, rows: int, per_txn: int) -> tuple[int, int, float]:
+    """Commit ``rows`` outbox rows, ``per_txn`` per transaction, then copy the slot.
+
+    Returns an LSN inside the last transaction, the WAL bytes written and the seconds it took.
+    """
+    if rows % per_txn:
+        raise ValueError(f"rows ({rows}) must be a multiple of rows per transaction ({per_txn})")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute((REPO / "sql" / "001_outbox.sql").read_bytes())
-        conn.execute(
-            f"CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')".encode()
-        )
-        conn.execute("SELECT pg_create_logical_replication_slot('bench', %s)", (plugin,))
-        txns = rows // per_txn
         conn.execute(
             b"CREATE PROCEDURE fill(txns int, per_txn int, pad text) LANGUAGE plpgsql AS $$ "
             b"BEGIN FOR t IN 1..txns LOOP "
@@ -57,102 +62,182 @@ def write_backlog(url: str, rows: int, per_txn: int, plugin: str = "pgoutput") -
             b"'order_created', jsonb_build_object('n', t * per_txn + i, 'pad', pad) "
             b"FROM generate_series(1, per_txn) i; COMMIT; END LOOP; END $$"
         )
-        conn.execute("CALL fill(%s, %s, %s)", (txns - 1, per_txn, payload))
-        inside_last = _lsn(conn, "SELECT pg_current_wal_insert_lsn()::text")
-        conn.execute("CALL fill(1, %s, %s)", (per_txn, payload))
-        conn.execute(b"SELECT pg_copy_logical_replication_slot('bench', 'bench_copy')")
-        return inside_last
+        started = time.perf_counter()
+        start_lsn = current_lsn(conn)
+        conn.execute("CALL fill(%s, %s, %s)", (rows // per_txn - 1, per_txn, PAD))
+        inside_last = current_lsn(conn, "pg_current_wal_insert_lsn")
+        conn.execute("CALL fill(1, %s, %s)", (per_txn, PAD))
+        elapsed = time.perf_counter() - started
+        wal_bytes = current_lsn(conn) - start_lsn
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (SLOT, COPY))
+    return inside_last, wal_bytes, elapsed
 
 
-def time_recvlogical(url: str, end: int, plugin: str = "pgoutput") -> float:
-    if plugin == "wal2json":
-        options = [f"{key}={value}" for key, value in plugin_options(["public.outbox"]).items()]
-    else:
-        options = ["proto_version=1", f"publication_names={PUBLICATION}"]
+def recvlogical_options(plugin: str) -> dict[str, str]:
+    """The options the relay itself passes to the plugin, so both read and decode the same."""
+    # model_validate: exactly these values, no environment or .env file read.
+    settings = Settings.model_validate(
+        {
+            "database_url": "postgresql://unused",
+            "kafka_bootstrap_servers": "unused:9092",
+            "slot_name": SLOT,
+            "publication_name": PUBLICATION,
+            "plugin": plugin,
+            "outbox_table": "public.outbox",
+        }
+    )
+    return plugin_options_for(settings)
+
+
+def time_recvlogical(url: str, end: int, plugin: str) -> float:
+    """Seconds ``pg_recvlogical`` takes to stream the copied slot up to ``end`` to /dev/null."""
+    options = recvlogical_options(plugin)
     command = [
         str(find_bindir() / "pg_recvlogical"),
         "-d", url, "-S", COPY, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
-        *(item for option in options for item in ("-o", option)),
+        *(item for key, value in options.items() for item in ("-o", f"{key}={value}")),
     ]  # fmt: skip
     started = time.perf_counter()
     subprocess.run(command, check=True)
-    return time.perf_counter() - started
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    elapsed = time.perf_counter() - started
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (COPY,))  # release its WAL
+    return elapsed
 
 
 def time_relay(
-    url: str, bootstrap: str, inside_last: int, plugin: str = "pgoutput"
-) -> dict[str, float]:
-    env = {
-        **os.environ,
-        "CDC_RELAY_DATABASE_URL": url,
-        "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "CDC_RELAY_SLOT_NAME": SLOT,
-        "CDC_RELAY_PUBLICATION_NAME": PUBLICATION,
-        "CDC_RELAY_CONFIRM_INTERVAL": "0.05",  # timing resolution, not a tuning
-        "CDC_RELAY_LOG_LEVEL": "WARNING",
-        "CDC_RELAY_PLUGIN": plugin,
-        "CDC_RELAY_HTTP_PORT": "0",
+    url: str,
+    bootstrap: str,
+    inside_last: int,
+    plugin: str,
+    relay_settings: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Start the relay on the slot; time it until the slot is confirmed past ``inside_last``."""
+    relay = RelayChild(
+        url,
+        bootstrap,
+        plugin,
+        **{
+            "confirm_interval": "0.05",  # timing resolution, not a tuning
+            **(relay_settings or {}),
+        },
+    )
+    samples_t: list[float] = [0.0]  # relay launch: nothing published yet
+    samples_published: list[int] = [0]
+    startup_cpu: float | None = None
+    with psycopg.connect(url, autocommit=True) as conn, relay:
+        next_sample = relay.started
+        while True:
+            now = time.perf_counter()
+            if confirmed_lsn(conn) > inside_last:
+                break
+            relay.check_alive()
+            if startup_cpu is None or now >= next_sample:
+                status = relay.status()
+                if status is not None:
+                    if startup_cpu is None and status["streaming"]:
+                        # Start-up cost: imports, connections, slot checks (read within ~20 ms
+                        # of the session starting, so it includes a little streaming work).
+                        startup_cpu = relay.cpu_seconds()
+                    if now >= next_sample:
+                        samples_t.append(round(now - relay.started, 3))
+                        samples_published.append(int(status["published"]))
+                if now >= next_sample:
+                    next_sample += SAMPLE_INTERVAL
+            time.sleep(POLL_INTERVAL)
+        elapsed = time.perf_counter() - relay.started
+        cpu = relay.cpu_seconds()
+        rss = relay.peak_rss_mb()
+        published = relay.published() or 0
+        samples_t.append(round(elapsed, 3))
+        samples_published.append(published)
+        exit_code = relay.stop()
+    return {
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
+        "peak_rss_mb": rss,
+        "published": published,
+        "exit_code": exit_code,
+        "settings": relay.settings,
+        "throughput": {"t": samples_t, "published": samples_published},
     }
-    with tempfile.TemporaryFile() as log:
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc_relay"], env=env, stdout=log, stderr=log,
-            cwd=tempfile.gettempdir(),
-        )  # fmt: skip
-        try:
+
+
+def catchup_scenario(
+    server: LocalPostgres,
+    name: str,
+    rows: int,
+    per_txn: int,
+    plugin: str = "pgoutput",
+    *,
+    relay_settings: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One catch-up measurement in a fresh database and a fresh broker."""
+    url = server.create_database(name)
+    try:
+        with LocalBroker() as broker:
+            broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+            create_outbox(url, plugin)
+            inside_last, wal_bytes, write_s = write_backlog(url, rows, per_txn)
             with psycopg.connect(url, autocommit=True) as conn:
-                query = (
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
-                    f"WHERE slot_name = '{SLOT}'"
-                )
-                while _lsn(conn, query) <= inside_last:
-                    if proc.poll() is not None:
-                        log.seek(0)
-                        raise RuntimeError(f"relay exited: {log.read().decode()}")
-                    time.sleep(0.01)
-            elapsed = time.perf_counter() - started
-            cpu = _cpu_seconds(proc.pid)
-            rss = _peak_rss_mb(proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    return {"seconds": elapsed, "cpu_seconds": cpu, "peak_rss_mb": rss}
+                end = current_lsn(conn)
+            recvlogical = time_recvlogical(url, end, plugin)
+            relay = time_relay(url, broker.bootstrap_servers, inside_last, plugin, relay_settings)
+    finally:
+        server.drop_database(name)
+    if relay["published"] < rows:
+        raise RuntimeError(f"slot confirmed but only {relay['published']} of {rows} published")
+    relay_seconds = float(relay["seconds"])
+    return {
+        "kind": "catchup",
+        "plugin": plugin,
+        "rows": rows,
+        "rows_per_txn": per_txn,
+        "transactions": rows // per_txn,
+        "backlog_write_s": round(write_s, 3),
+        "wal_mb": round(wal_bytes / 1024 / 1024, 1),
+        "pg_recvlogical": {
+            "seconds": round(recvlogical, 3),
+            "rows_per_s": round(rows / recvlogical),
+        },
+        "relay": {
+            "seconds": round(relay_seconds, 3),
+            "rows_per_s": round(rows / relay_seconds),
+            "cpu_s": round(relay["cpu_seconds"], 3),
+            "cpu_us_per_event": round(relay["cpu_seconds"] / rows * 1e6, 2),
+            "startup_cpu_s": round(relay["startup_cpu_seconds"], 3),
+            "cpu_us_per_event_after_startup": round(
+                (relay["cpu_seconds"] - relay["startup_cpu_seconds"]) / rows * 1e6, 2
+            ),
+            "peak_rss_mb": round(relay["peak_rss_mb"], 1),
+            "published": relay["published"],
+            "exit_code": relay["exit_code"],
+            "settings": relay["settings"],
+        },
+        "ratio": round(recvlogical / relay_seconds, 3),
+        "throughput": relay["throughput"],
+    }
 
 
 def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
-    with LocalPostgres() as server, LocalBroker() as broker:
-        url = server.create_database("bench")
-        broker.create_topic(TOPIC, partitions=3)
-        inside_last = write_backlog(url, rows, per_txn, plugin)
-        with psycopg.connect(url, autocommit=True) as conn:
-            end = _lsn(conn, "SELECT pg_current_wal_lsn()::text")
-        recvlogical = time_recvlogical(url, end, plugin)
-        relay = time_relay(url, broker.bootstrap_servers, inside_last, plugin)
+    """A throw-away cluster and one catch-up measurement, as a flat dict (``bench.catchup`` CLI)."""
+    with LocalPostgres() as server:
+        machine = machine_facts(server.url())
+        result = catchup_scenario(server, "bench_catchup", rows, per_txn, plugin)
     return {
         "plugin": plugin,
         "rows": rows,
         "rows_per_txn": per_txn,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
-        "pg_recvlogical_s": round(recvlogical, 3),
-        "pg_recvlogical_rows_per_s": round(rows / recvlogical),
-        "relay_s": round(relay["seconds"], 3),
-        "relay_rows_per_s": round(rows / relay["seconds"]),
-        "relay_cpu_us_per_event": round(relay["cpu_seconds"] / rows * 1e6, 1),
-        "relay_peak_rss_mb": round(relay["peak_rss_mb"], 1),
-        "ratio_relay_to_pg_recvlogical": round(recvlogical / relay["seconds"], 3),
+        "machine": f"{machine['cpu_model']}, {machine['cores']} cores, "
+        f"Python {machine['python']}, PostgreSQL {machine['postgresql']}",
+        "pg_recvlogical_s": result["pg_recvlogical"]["seconds"],
+        "pg_recvlogical_rows_per_s": result["pg_recvlogical"]["rows_per_s"],
+        "relay_s": result["relay"]["seconds"],
+        "relay_rows_per_s": result["relay"]["rows_per_s"],
+        "relay_cpu_us_per_event": result["relay"]["cpu_us_per_event"],
+        "relay_peak_rss_mb": result["relay"]["peak_rss_mb"],
+        "ratio_relay_to_pg_recvlogical": result["ratio"],
     }
 
 

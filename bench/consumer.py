@@ -1,0 +1,125 @@
+"""The steady-state benchmark's Kafka consumer, in its own process (its own GIL and clock reads).
+
+    python -m bench.consumer BOOTSTRAP TOPIC PARTITIONS WARMUP OUT
+
+Reads every partition of TOPIC from the beginning (``assign()``, no group protocol, short fetch
+waits) and, for each event, computes ``receive time - payload["ts"]``: the writer put
+``clock_timestamp()`` into the payload at insert time. Events with a negative ``seq`` are warm-up
+events, not measured. Protocol on stdout: ``ready`` once assigned, ``warm`` once WARMUP warm-up
+events arrived. On stdin: a line with the number of measured events to expect; the consumer stops
+when it has them all (or after ``--idle-timeout`` seconds without a new one) and writes OUT as
+JSON: ``latencies_ms`` (in arrival order), ``received``, ``duplicates``, ``messages``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _expected_from_stdin() -> int | None:
+    """The expected count, once the parent wrote it; -1 when stdin closed without one."""
+    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    if not ready:
+        return None
+    line = sys.stdin.readline()
+    return int(line) if line.strip() else -1
+
+
+def consume(
+    bootstrap: str, topic: str, partitions: int, warmup: int, idle_timeout: float
+) -> dict[str, Any]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-consumer-{os.getpid()}",  # required, unused with assign()
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+            "fetch.error.backoff.ms": 5,
+            "log_level": 3,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    consumer.consume(num_messages=1, timeout=0.2)  # first fetch under way
+    _say("ready")
+    latencies: list[float] = []
+    seen: set[int] = set()
+    warm: set[int] = set()
+    duplicates = messages = 0
+    expected: int | None = None
+    last_new = time.monotonic()
+    try:
+        while True:
+            # poll() returns as soon as one record is there; consume(timeout=0) then takes what
+            # else is queued. (consume() with a timeout waits to fill its batch: added latency.)
+            first = consumer.poll(0.05)
+            received_at = time.time()
+            batch = [] if first is None else [first, *consumer.consume(1000, timeout=0)]
+            for message in batch:
+                value = message.value()
+                if message.error() is not None or value is None:
+                    continue
+                messages += 1
+                event = orjson.loads(value)
+                seq = int(event["seq"])
+                if seq < 0:
+                    if seq not in warm:
+                        warm.add(seq)
+                        if len(warm) == warmup:
+                            _say("warm")
+                    continue
+                if seq in seen:
+                    duplicates += 1
+                    continue
+                seen.add(seq)
+                latencies.append((received_at - float(event["ts"])) * 1000.0)
+                last_new = time.monotonic()
+            if expected is None:
+                expected = _expected_from_stdin()
+                if expected is not None:
+                    last_new = max(last_new, time.monotonic())
+            if expected is not None:
+                if expected < 0 or len(seen) >= expected:
+                    break
+                if time.monotonic() - last_new > idle_timeout:
+                    break
+    finally:
+        consumer.close()
+    return {
+        "latencies_ms": latencies,
+        "received": len(seen),
+        "duplicates": duplicates,
+        "messages": messages,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("bootstrap")
+    parser.add_argument("topic")
+    parser.add_argument("partitions", type=int)
+    parser.add_argument("warmup", type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--idle-timeout", type=float, default=30.0)
+    args = parser.parse_args()
+    result = consume(args.bootstrap, args.topic, args.partitions, args.warmup, args.idle_timeout)
+    args.out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

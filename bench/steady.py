@@ -1,0 +1,300 @@
+"""Steady-state benchmark: writers at a fixed rate, end-to-end latency measured at a consumer.
+
+Writers commit one outbox event per transaction on a fixed schedule (event ``i`` is due at
+``t0 + i / rate``; a writer that falls behind sends at once, it never skips), spread over several
+connections so that the writer keeps up; the achieved rate is measured and reported. Each payload
+carries ``clock_timestamp()`` taken by PostgreSQL while inserting the row; the transaction commits
+immediately after. A consumer process (``bench.consumer``) reads all partitions and records
+``receive time - ts``: latency from insert to a consumer holding the record, an upper bound of
+commit-to-Kafka-acknowledgement. Beside it, the relay's own ``cdc_relay_event_latency_seconds``
+histogram (commit timestamp to acknowledgement, bucketed) is scraped from /metrics before and after
+the measured window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+
+from bench.harness import (
+    PAD,
+    TOPIC,
+    TOPIC_PARTITIONS,
+    RelayChild,
+    cpu_breakdown,
+    create_outbox,
+    postmaster_pid,
+    process_snapshot,
+)
+from cdc_relay.local import LocalBroker, LocalPostgres
+
+WARMUP_EVENTS = 20
+INSERT = (
+    "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) "
+    "VALUES (gen_random_uuid(), 'order', %s, 'order_created', jsonb_build_object("
+    "'seq', %s::bigint, 'ts', extract(epoch FROM clock_timestamp()), 'pad', %s::text))"
+)
+# CDF points kept in the JSON (and plotted): every percent, then the tail.
+CDF_QUANTILES = (*(i / 100 for i in range(100)), 0.995, 0.999, 0.9995, 0.9999, 1.0)
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks of an ascending list."""
+    if not ordered:
+        return float("nan")
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def default_writers(rate: int) -> int:
+    """Connections for ``rate`` events/s: ~500 transactions/s each, 2 to 16."""
+    return max(2, min(16, math.ceil(rate / 500)))
+
+
+def write_events(
+    connections: list[psycopg.Connection[Any]], rate: int, seconds: float
+) -> dict[str, Any]:
+    """Commit ``rate * seconds`` one-event transactions on schedule over ``connections``."""
+    total = round(rate * seconds)
+    writers = len(connections)
+    lag_max = [0.0] * writers
+    late = [0] * writers  # events sent more than 1 ms after their due time
+    finished = [0.0] * writers
+    errors: list[BaseException] = []
+    t0 = time.perf_counter() + 0.2  # every thread is waiting by then
+
+    def writer(index: int) -> None:
+        conn = connections[index]
+        try:
+            for seq in range(index, total, writers):
+                due = t0 + seq / rate
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
+                else:
+                    lag = now - due
+                    lag_max[index] = max(lag_max[index], lag)
+                    late[index] += lag > 0.001
+                conn.execute(INSERT, (f"order-{seq % 1000}", seq, PAD), prepare=True)
+            finished[index] = time.perf_counter()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=writer, args=(i,), name=f"bench-writer-{i}") for i in range(writers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"writer failed: {errors[0]!r}") from errors[0]
+    elapsed = max(finished) - t0
+    return {
+        "events": total,
+        "writers": writers,
+        "seconds": round(elapsed, 3),
+        "achieved_rate": round(total / elapsed, 1),
+        "max_lag_ms": round(max(lag_max) * 1000, 1),
+        "late_events": sum(late),
+    }
+
+
+def write_warmup(url: str, count: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(count):
+            conn.execute(INSERT, ("order-warmup", -1 - i, PAD))
+
+
+class ConsumerChild:
+    """``python -m bench.consumer`` with line-based control over its stdin/stdout."""
+
+    def __init__(self, bootstrap: str, warmup: int) -> None:
+        self._out = Path(tempfile.mkstemp(prefix="cdc-relay-bench-", suffix=".json")[1])
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "bench.consumer", bootstrap, TOPIC, str(TOPIC_PARTITIONS),
+                str(warmup), str(self._out),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        self._pending = b""
+
+    def wait_for(self, line: str, timeout: float) -> None:
+        stdout: IO[bytes] | None = self.proc.stdout
+        assert stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            while b"\n" in self._pending:
+                got, self._pending = self._pending.split(b"\n", 1)
+                if got.decode().strip() == line:
+                    return
+            ready, _, _ = select.select([stdout], [], [], 0.1)
+            if ready:
+                chunk = os.read(stdout.fileno(), 4096)
+                if not chunk:
+                    raise RuntimeError(f"consumer exited ({self.proc.wait()}) before {line!r}")
+                self._pending += chunk
+        raise RuntimeError(f"consumer did not say {line!r} within {timeout}s")
+
+    def result(self, expected: int, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{expected}\n".encode())
+        self.proc.stdin.flush()
+        if self.proc.wait(timeout) != 0:
+            raise RuntimeError(f"consumer failed with exit code {self.proc.returncode}")
+        result: dict[str, Any] = json.loads(self._out.read_text())
+        return result
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._out.unlink(missing_ok=True)
+
+
+def _latency_summary(latencies: list[float]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    return {
+        "count": len(ordered),
+        "mean": round(sum(ordered) / len(ordered), 3) if ordered else None,
+        "p50": round(percentile(ordered, 0.50), 3),
+        "p95": round(percentile(ordered, 0.95), 3),
+        "p99": round(percentile(ordered, 0.99), 3),
+        "max": round(ordered[-1], 3) if ordered else None,
+        "cdf": [[q, round(percentile(ordered, q), 3)] for q in CDF_QUANTILES],
+    }
+
+
+def steady_scenario(
+    server: LocalPostgres,
+    name: str,
+    rate: int,
+    seconds: float,
+    plugin: str = "pgoutput",
+    *,
+    writers: int | None = None,
+    idle_seconds: float = 3.0,
+    relay_settings: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One steady-state run in a fresh database and broker.
+
+    Before the writers start, the relay's CPU is read across ``idle_seconds`` of nothing to do:
+    what it costs at rest, reported beside (and subtracted in) the per-event figure.
+    """
+    writers = writers or default_writers(rate)
+    url = server.create_database(name)
+    try:
+        create_outbox(url, plugin)
+        with LocalBroker() as broker:
+            broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+            consumer = ConsumerChild(broker.bootstrap_servers, WARMUP_EVENTS)
+            try:
+                consumer.wait_for("ready", 30)
+                with RelayChild(
+                    url, broker.bootstrap_servers, plugin, **(relay_settings or {})
+                ) as relay:
+                    streaming_after = relay.wait_streaming()
+                    startup_cpu = relay.cpu_seconds()
+                    # Warm-up: topic metadata, producer connections, prepared statements.
+                    write_warmup(url, WARMUP_EVENTS)
+                    relay.wait_published(WARMUP_EVENTS, 60)
+                    consumer.wait_for("warm", 60)
+                    idle_from = relay.cpu_seconds()
+                    time.sleep(idle_seconds)
+                    idle_rate = (relay.cpu_seconds() - idle_from) / idle_seconds
+                    before = relay.latency_histogram()
+                    cpu_before = relay.cpu_seconds()
+                    window_from = time.perf_counter()
+                    processes = process_snapshot()
+                    with contextlib.ExitStack() as stack:
+                        connections = [
+                            stack.enter_context(psycopg.connect(url, autocommit=True))
+                            for _ in range(writers)
+                        ]
+                        written = write_events(connections, rate, seconds)
+                        events = int(written["events"])
+                        relay.wait_published(WARMUP_EVENTS + events, 120)
+                        cpu_after = relay.cpu_seconds()
+                        window = time.perf_counter() - window_from
+                        # Before the writers' backends exit and take their CPU time along.
+                        breakdown = cpu_breakdown(
+                            processes,
+                            process_snapshot(),
+                            window,
+                            {
+                                "relay": relay.pid,
+                                "postgres": postmaster_pid(server),
+                                "broker": broker.pid or 0,
+                                "consumer": consumer.proc.pid,
+                                "writer (bench)": os.getpid(),
+                            },
+                        )
+                    rss = relay.peak_rss_mb()
+                    histogram = relay.latency_histogram().minus(before)
+                    received = consumer.result(events, 120)
+                    exit_code = relay.stop()
+                    settings = relay.settings
+            finally:
+                consumer.close()
+    finally:
+        server.drop_database(name)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 3)
+
+    cpu = cpu_after - cpu_before
+    return {
+        "kind": "steady",
+        "plugin": plugin,
+        "target_rate": rate,
+        "duration_s": seconds,
+        "writer": written,
+        "cpu_percent_of_a_core": breakdown,
+        "consumer": {
+            "received": received["received"],
+            "missing": events - int(received["received"]),
+            "duplicates": received["duplicates"],
+        },
+        "latency_ms": _latency_summary(received["latencies_ms"]),
+        "relay_histogram": {
+            "count": int(histogram.count),
+            "mean_ms": ms(histogram.sum / histogram.count) if histogram.count else None,
+            "p50_ms": ms(histogram.quantile(0.50)),
+            "p95_ms": ms(histogram.quantile(0.95)),
+            "p99_ms": ms(histogram.quantile(0.99)),
+            "bounds_ms": [b * 1000 for b in histogram.bounds if b != float("inf")],
+        },
+        "relay": {
+            "streaming_after_s": round(streaming_after, 3),
+            "startup_cpu_s": round(startup_cpu, 3),
+            "cpu_s": round(cpu, 3),
+            "cpu_us_per_event": round(cpu / events * 1e6, 2),
+            "idle_cpu_percent": round(idle_rate * 100, 2),
+            "cpu_us_per_event_net_of_idle": round(
+                max(cpu - idle_rate * window, 0) / events * 1e6, 2
+            ),
+            "peak_rss_mb": round(rss, 1),
+            "exit_code": exit_code,
+            "settings": settings,
+        },
+    }

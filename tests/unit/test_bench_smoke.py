@@ -1,0 +1,87 @@
+"""``python -m bench --smoke`` runs end to end and reports every scenario with sane numbers.
+
+Not a performance test: the smoke sizes are tiny and no target is evaluated. It proves that the
+benchmark command still works (it starts its own PostgreSQL cluster and Tansu broker, hence the
+integration marker) and finishes in well under a minute.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = {
+    "catchup_10_per_txn",
+    "catchup_1000_per_txn",
+    "catchup_single_txn",
+    "steady_low",
+    "steady_high",
+}
+
+pytestmark = pytest.mark.integration
+
+
+def _positive(result: dict[str, Any], *path: str) -> float:
+    value: Any = result
+    for key in path:
+        value = value[key]
+    assert isinstance(value, int | float), (path, value)
+    assert value > 0, (path, value)
+    return float(value)
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    json_path, png_path = tmp_path / "smoke.json", tmp_path / "smoke.png"
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--json", str(json_path),
+         "--plot", str(png_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    print(f"\nbench --smoke took {elapsed:.1f}s\n{completed.stdout}")
+
+    result = json.loads(json_path.read_text())
+    assert result["mode"] == "smoke"
+    assert set(result["scenarios"]) == SCENARIOS
+    for key, scenario in result["scenarios"].items():
+        for metric in ("cpu_us_per_event", "peak_rss_mb"):
+            _positive(scenario, "relay", metric)
+        if scenario["kind"] == "catchup":
+            rows = _positive(scenario, "rows")
+            assert scenario["relay"]["published"] >= rows, key
+            for measured in ("relay", "pg_recvlogical"):
+                _positive(scenario, measured, "seconds")
+                _positive(scenario, measured, "rows_per_s")
+            _positive(scenario, "ratio")
+            assert len(scenario["throughput"]["t"]) >= 1, key
+        else:
+            assert scenario["kind"] == "steady", key
+            _positive(scenario, "writer", "achieved_rate")
+            assert scenario["consumer"]["missing"] == 0, key
+            for quantile in ("p50", "p95", "p99", "max"):
+                _positive(scenario, "latency_ms", quantile)
+            assert scenario["relay_histogram"]["count"] == scenario["writer"]["events"], key
+            _positive(scenario, "relay_histogram", "p99_ms")
+    assert result["machine"]["cores"] >= 1
+    assert all(target["passed"] is None for target in result["targets"])  # not evaluated
+    for title in ("1a catch-up", "1b catch-up", "1c catch-up", "2 steady"):
+        assert title in completed.stdout
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "matplotlib is not installed" in completed.stdout
+    assert elapsed < 60, f"--smoke must finish in < 60 s, took {elapsed:.1f}s"
