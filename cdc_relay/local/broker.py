@@ -13,7 +13,6 @@ broker somebody else runs (e.g. Apache Kafka from docker-compose).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib.resources
 import os
@@ -22,13 +21,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
-from cdc_relay.local.postgres import Watchdog
+from cdc_relay.local.lifetime import ThrowAway, Watchdog
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -125,20 +122,7 @@ def create_topic(
             raise
 
 
-_live: set[LocalBroker] = set()
-_live_lock = threading.Lock()
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    with _live_lock:
-        instances = list(_live)
-    for instance in instances:
-        with contextlib.suppress(Exception):
-            instance.cleanup()
-
-
-class LocalBroker:
+class LocalBroker(ThrowAway):
     """A Tansu broker listening on ``127.0.0.1:PORT``, in-memory storage, one process.
 
     >>> with LocalBroker() as broker:
@@ -178,8 +162,7 @@ class LocalBroker:
             if self._base_dir is not None:
                 self._base_dir.mkdir(parents=True, exist_ok=True)
             self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-broker-", dir=self._base_dir))
-            with _live_lock:
-                _live.add(self)
+            self._track()
         return self._root
 
     @property
@@ -295,24 +278,7 @@ class LocalBroker:
             if self._watchdog is not None:
                 self._watchdog.close()
                 self._watchdog = None
-            with _live_lock:
-                _live.discard(self)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
+            self._untrack()
 
     def __repr__(self) -> str:
         return f"LocalBroker(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"

@@ -16,7 +16,6 @@ handed to the ``postgres`` system user and every server binary runs through
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -25,21 +24,19 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-__all__ = ["ExternalPostgres", "LocalPostgres", "Watchdog", "drop_database", "find_bindir"]
+from cdc_relay.local.lifetime import ThrowAway, Watchdog
+
+__all__ = ["ExternalPostgres", "LocalPostgres", "drop_database", "find_bindir"]
 
 _SERVICE_USER = "postgres"
 _START_TIMEOUT = 30.0
@@ -228,78 +225,10 @@ def drop_database(admin_url: str, name: str, *, timeout: float = 15.0) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# the safety nets
-
-# Runs in its own Python process: blocks until the pipe from the owning process reaches EOF,
-# then kills the process group named by the pid file and deletes the directory.
-_WATCHDOG_SCRIPT = """
-import os, shutil, signal, sys
-sys.stdin.buffer.read()
-root, pid_file = sys.argv[1], sys.argv[2]
-try:
-    with open(pid_file) as fh:
-        pid = int(fh.readline())
-    if pid > 1 and os.getpgid(pid) == pid:
-        os.killpg(pid, signal.SIGKILL)
-except (OSError, ValueError):
-    pass
-shutil.rmtree(root, ignore_errors=True)
-"""
-
-
-class Watchdog:
-    """Cleans up after a service when its owner dies without running ``atexit``.
-
-    ``atexit`` handlers do not run on SIGTERM (CI job cancelled), SIGKILL or ``os._exit``
-    (pytest-timeout's thread method). This starts a small Python process that waits for EOF on a
-    pipe whose write end only the owner holds; the kernel closes it however the owner dies. The
-    watchdog then SIGKILLs the process group whose leader's pid is on the first line of
-    ``pid_file`` (the service must run in its own session) and deletes ``directory``.
-    :meth:`close` ends it after a normal cleanup.
-    """
-
-    def __init__(self, directory: Path, pid_file: Path) -> None:
-        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG_SCRIPT, str(directory), str(pid_file)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C meant for the test run must not kill it first
-        )
-
-    def close(self) -> None:
-        """Let the watchdog run now (call it once the service is stopped) and wait for it."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-_live: set[LocalPostgres] = set()
-_live_lock = threading.Lock()
-
-
-@atexit.register
-def _cleanup_all() -> None:
-    with _live_lock:
-        instances = list(_live)
-    for instance in instances:
-        with contextlib.suppress(Exception):
-            instance.cleanup()
-
-
-# --------------------------------------------------------------------------------------------
 # the cluster
 
 
-class LocalPostgres:
+class LocalPostgres(ThrowAway):
     """A PostgreSQL cluster in a temporary directory, configured for logical replication.
 
     >>> with LocalPostgres() as pg:
@@ -351,8 +280,7 @@ class LocalPostgres:
             if base is not None:
                 base.mkdir(parents=True, exist_ok=True)
             self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-pg-", dir=base))
-            with _live_lock:
-                _live.add(self)
+            self._track()
         return self._root
 
     @property
@@ -509,24 +437,7 @@ class LocalPostgres:
             if self._watchdog is not None:
                 self._watchdog.close()
                 self._watchdog = None
-            with _live_lock:
-                _live.discard(self)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
+            self._untrack()
 
     def __repr__(self) -> str:
         return f"LocalPostgres(port={self._port}, directory={self._root})"

@@ -1,0 +1,114 @@
+"""Lifetime of the throw-away services: cleanup on exit, even when the owner dies abruptly.
+
+:class:`ThrowAway` makes a service a context manager and registers it for an ``atexit`` cleanup;
+:class:`Watchdog` covers what ``atexit`` cannot (SIGKILL, SIGTERM, ``os._exit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+# Runs in its own Python process: blocks until the pipe from the owning process reaches EOF,
+# then kills the process group named by the pid file and deletes the directory.
+_WATCHDOG_SCRIPT = """
+import os, shutil, signal, sys
+sys.stdin.buffer.read()
+root, pid_file = sys.argv[1], sys.argv[2]
+try:
+    with open(pid_file) as fh:
+        pid = int(fh.readline())
+    if pid > 1 and os.getpgid(pid) == pid:
+        os.killpg(pid, signal.SIGKILL)
+except (OSError, ValueError):
+    pass
+shutil.rmtree(root, ignore_errors=True)
+"""
+
+
+class Watchdog:
+    """Cleans up after a service when its owner dies without running ``atexit``.
+
+    ``atexit`` handlers do not run on SIGTERM (CI job cancelled), SIGKILL or ``os._exit``
+    (pytest-timeout's thread method). This starts a small Python process that waits for EOF on a
+    pipe whose write end only the owner holds; the kernel closes it however the owner dies. The
+    watchdog then SIGKILLs the process group whose leader's pid is on the first line of
+    ``pid_file`` (the service must run in its own session) and deletes ``directory``.
+    :meth:`close` ends it after a normal cleanup.
+    """
+
+    def __init__(self, directory: Path, pid_file: Path) -> None:
+        self._process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG_SCRIPT, str(directory), str(pid_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C meant for the test run must not kill it first
+        )
+
+    def close(self) -> None:
+        """Let the watchdog run now (call it once the service is stopped) and wait for it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class ThrowAway:
+    """Base of LocalPostgres and LocalBroker: ``with`` support and cleanup at interpreter exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def _track(self) -> None:
+        with _live_lock:
+            _live.add(self)
+
+    def _untrack(self) -> None:
+        with _live_lock:
+            _live.discard(self)
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+_live: set[ThrowAway] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _cleanup_all() -> None:
+    with _live_lock:
+        instances = list(_live)
+    for instance in instances:
+        with contextlib.suppress(Exception):
+            instance.cleanup()
