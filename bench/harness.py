@@ -10,7 +10,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import orjson
 import psycopg
 
 from cdc_relay.local import LocalPostgres
+from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,13 +239,6 @@ def machine_facts(url: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # HTTP
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> bytes | None:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog
+from cdc_relay.local.lifetime import ThrowAway, Watchdog, free_port
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -44,13 +44,6 @@ _TANSU_ENV = (
     "SCHEMA_REGISTRY",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -149,7 +142,7 @@ class LocalBroker(ThrowAway):
     @property
     def port(self) -> int:
         if self._port is None:
-            self._port = _free_port()
+            self._port = free_port()
         return self._port
 
     @property

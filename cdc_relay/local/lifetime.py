@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import socket
 import subprocess
 import sys
 import threading
@@ -65,6 +66,14 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ThrowAway:

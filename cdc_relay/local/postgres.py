@@ -22,7 +22,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,7 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog
+from cdc_relay.local.lifetime import ThrowAway, Watchdog, free_port
 
 __all__ = ["ExternalPostgres", "LocalPostgres", "drop_database", "find_bindir"]
 
@@ -61,14 +60,6 @@ _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 # --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _process_alive(pid: int) -> bool:
@@ -269,7 +260,7 @@ class LocalPostgres(ThrowAway):
     @property
     def port(self) -> int:
         if self._port is None:
-            self._port = _free_port()
+            self._port = free_port()
         return self._port
 
     @property

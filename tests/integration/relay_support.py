@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -215,12 +214,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s: {message}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:

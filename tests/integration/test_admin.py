@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from cdc_relay.local import LocalPostgres
+from cdc_relay.local.lifetime import free_port
 from cdc_relay.local.postgres import find_bindir
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
@@ -24,7 +25,6 @@ from tests.integration.relay_support import (
     OUTBOX_DDL,
     RelayProcess,
     create_outbox,
-    free_port,
     new_event,
     relay_env,
     scalar,

@@ -15,13 +15,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from cdc_relay.config import load_settings
 from cdc_relay.local import LocalBroker
+from cdc_relay.local.lifetime import free_port
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.relay import Relay
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     RelayProcess,
     create_outbox,
-    free_port,
     http_get,
     new_event,
     relay_env,

@@ -20,6 +20,7 @@ import pytest
 
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings, load_settings
+from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
@@ -29,7 +30,6 @@ from tests.integration.relay_support import (
     Event,
     RelayProcess,
     create_outbox,
-    free_port,
     http_get,
     insert_events,
     new_event,
