@@ -3,6 +3,7 @@ operator runs them: a child process, environment variables, printed lines, the e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -291,10 +292,9 @@ def test_check_fails_when_ids_are_not_unique_and_the_sweeper_is_on(
     assert cdc_relay({**env, "CDC_RELAY_SWEEP_INTERVAL": "0"}, "check").returncode == 0
 
 
-def test_check_fails_when_the_slot_is_held_by_another_process(
-    database: str, env: dict[str, str]
-) -> None:
-    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+@contextlib.contextmanager
+def holding_slot(database: str, env: dict[str, str]) -> Iterator[int]:
+    """Another process streaming from the relay's slot, for the test's duration; yields its pid."""
     slot = env["CDC_RELAY_SLOT_NAME"]
     holder = ReplicationStream(
         database,
@@ -303,25 +303,21 @@ def test_check_fails_when_the_slot_is_held_by_another_process(
         {"proto_version": "1", "publication_names": f'"{env["CDC_RELAY_PUBLICATION_NAME"]}"'},
     )
     holder.open()
+    query = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
     try:
-        wait_until(
-            lambda: (
-                scalar(
-                    database,
-                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                    slot,
-                )
-                is not None
-            ),
-            10,
-            "the slot to become active",
-        )
-        pid = scalar(
-            database, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", slot
-        )
-        result = cdc_relay(env, "check")
+        wait_until(lambda: scalar(database, query, slot) is not None, 10, "the slot to be held")
+        yield int(str(scalar(database, query, slot)))
     finally:
         holder.close()
+
+
+def test_check_fails_when_the_slot_is_held_by_another_process(
+    database: str, env: dict[str, str]
+) -> None:
+    assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    with holding_slot(database, env) as pid:
+        result = cdc_relay(env, "check")
     assert result.returncode == 1
     assert set(failed(result)) == {"slot"}, result.stdout
     assert failed(result)["slot"].startswith(
@@ -414,31 +410,10 @@ def test_relay_refuses_a_missing_table(database: str, env: dict[str, str]) -> No
 def test_relay_refuses_a_slot_held_by_another_process(database: str, env: dict[str, str]) -> None:
     assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
     slot = env["CDC_RELAY_SLOT_NAME"]
-    holder = ReplicationStream(
-        database,
-        slot,
-        0,
-        {"proto_version": "1", "publication_names": f'"{env["CDC_RELAY_PUBLICATION_NAME"]}"'},
-    )
-    holder.open()
-    try:
-        wait_until(
-            lambda: (
-                scalar(
-                    database,
-                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                    slot,
-                )
-                is not None
-            ),
-            10,
-            "the slot to become active",
-        )
+    with holding_slot(database, env):
         relay = RelayProcess(env).start()
         try:
             assert relay.wait(30) == 3
             assert f"replication slot '{slot}' is in use by process" in relay.logs()
         finally:
             relay.close()
-    finally:
-        holder.close()
