@@ -294,7 +294,6 @@ def test_poison_record_with_stop_policy_stops_without_confirming_past_it(
     create_outbox(database)
     good_topic = f"{unique}.order"
     broker.create_topic(good_topic, partitions=1)
-    slot = f"slot_{unique}"
     env = relay_env(database, broker.bootstrap_servers, unique, poison_policy="stop")
     before = new_event(payload={"n": 1})
     poison = new_event(aggregate_type="bad topic!", payload={"n": 2})
@@ -306,7 +305,6 @@ def test_poison_record_with_stop_policy_stops_without_confirming_past_it(
         write_transactions(database, [[before]])
         consume_all(broker.bootstrap_servers, [good_topic], 1, 30)
         wait_until(lambda: "confirmed" in relay.logs(), 10, "the first event to be confirmed")
-        poison_start = _current_lsn(database)
         write_transactions(database, [[poison], [after]])
         code = relay.wait(60)
         logs = relay.logs()
@@ -315,7 +313,9 @@ def test_poison_record_with_stop_policy_stops_without_confirming_past_it(
     assert code == 5, logs
     assert "bad topic!" in logs
     assert "CDC_RELAY_POISON_POLICY=stop" in logs
-    assert slot_confirmed_lsn(database, slot) <= poison_start
+    # Not confirmed past it: the slot streams the poison record again on the next start (below).
+    # (An LSN comparison with the WAL position before the write is not it: the relay's own
+    # position record commits empty transactions in between, which may be confirmed.)
 
     # Nothing is lost: with the dead-letter policy the same events flow on the next start.
     relay = RelayProcess(relay_env(database, broker.bootstrap_servers, unique)).start()
