@@ -357,7 +357,7 @@ class _Session:
                 raise _Stopping
             data = read(READ_TIMEOUT)
             if data is None:
-                self.housekeeping(txn is None)
+                self.housekeeping()
                 continue
             kind = data[0]
             if kind == XLOG_DATA:
@@ -410,14 +410,14 @@ class _Session:
                 counter += 1
                 if counter >= POLL_EVERY:
                     counter = 0
-                    self.housekeeping(txn is None)
+                    self.housekeeping()
             elif kind == PRIMARY_KEEPALIVE:
                 wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
                 self.received = max(self.received, wal_end)
                 stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
-                self.housekeeping(txn is None, reply=bool(data[17]))
+                self.housekeeping(reply=bool(data[17]))
             else:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")
 
@@ -624,13 +624,13 @@ class _Session:
         """Backpressure: the producer queue is full, so stop reading until deliveries drain."""
         self.publisher.poll(0.05)
         self.handle_failures()
-        self.housekeeping(at_boundary=False)
+        self.housekeeping()
         if self.relay.stopping:
             raise _Stopping
 
     # -- periodic work -----------------------------------------------------------------------
 
-    def housekeeping(self, at_boundary: bool, reply: bool = False) -> None:
+    def housekeeping(self, reply: bool = False) -> None:
         """Serve delivery callbacks, detect stalls, confirm the watermark, keep the slot alive."""
         publisher = self.publisher
         publisher.poll(0)
