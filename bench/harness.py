@@ -9,22 +9,19 @@ from __future__ import annotations
 import os
 import platform
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import psycopg
 
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.local.relay_process import RelayProcess
 from cdc_relay.lsn import parse_lsn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,20 +74,6 @@ def server_version(url: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # /proc
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mb(pid: int) -> float:
-    """VmHWM of ``pid`` in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def load_average() -> float:
@@ -316,7 +299,7 @@ def parse_histogram(text: str, name: str = LATENCY_METRIC) -> Histogram:
 # the relay
 
 
-class RelayChild:
+class RelayChild(RelayProcess):
     """``python -m cdc_relay`` on the bench slot, with its HTTP port, log file and /proc probes."""
 
     def __init__(self, url: str, bootstrap: str, plugin: str, **settings: str) -> None:
@@ -324,7 +307,7 @@ class RelayChild:
         inherited = {
             k: v for k, v in os.environ.items() if not k.startswith(("CDC_RELAY_", "OTEL_"))
         }
-        self.env = {
+        env = {
             **inherited,
             # The bench may run from a checkout that is not installed; the child runs elsewhere.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -337,32 +320,12 @@ class RelayChild:
             "CDC_RELAY_LOG_LEVEL": "WARNING",
             **{f"CDC_RELAY_{key.upper()}": value for key, value in settings.items()},
         }
-        self.settings = {k: v for k, v in self.env.items() if k.startswith("CDC_RELAY_")}
+        self.settings = {k: v for k, v in env.items() if k.startswith("CDC_RELAY_")}
         self.settings["CDC_RELAY_DATABASE_URL"] = "(bench database)"
-        self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
-
-    def start(self) -> RelayChild:
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc_relay"],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tempfile.gettempdir(),  # no stray .env file is read
-        )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        super().__init__(env, keep_log=False)
 
     def log(self) -> str:
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")
+        return self.logs()
 
     def check_alive(self) -> None:
         assert self.proc is not None
@@ -405,30 +368,14 @@ class RelayChild:
             time.sleep(0.02)
         raise RuntimeError(f"relay did not publish {count} events in {timeout}s:\n{self.log()}")
 
-    def cpu_seconds(self) -> float:
-        return cpu_seconds(self.pid)
-
-    def peak_rss_mb(self) -> float:
-        return peak_rss_mb(self.pid)
-
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM (drain, confirm, exit 0), SIGKILL if it does not exit in time."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        try:
+            return super().stop(timeout)
+        except TimeoutError:
+            return self.proc.returncode
 
     def __enter__(self) -> RelayChild:
         return self.start()

@@ -7,10 +7,6 @@ lines. The database side is plain psycopg.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -22,41 +18,18 @@ from pathlib import Path
 import orjson
 import psycopg
 
+from cdc_relay.local.relay_process import RelayProcess as BaseRelayProcess
 from cdc_relay.lsn import parse_lsn
 
 REPO = Path(__file__).resolve().parents[2]
 OUTBOX_DDL = (REPO / "sql" / "001_outbox.sql").read_text()
 
 
-class RelayProcess:
-    """One ``python -m cdc_relay`` child with its own log file."""
+class RelayProcess(BaseRelayProcess):
+    """A relay child for a test: the test's environment plus the settings it passes."""
 
     def __init__(self, env: dict[str, str], args: Sequence[str] = ()) -> None:
-        self.env = env
-        self.args = list(args)
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the object
-            prefix="cdc-relay-", suffix=".log", delete=False
-        )
-        self.log_path = Path(self._log.name)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RelayProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc_relay", *self.args],
-            env={**os.environ, **self.env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tempfile.gettempdir(),  # no stray .env file is read
-        )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__({**os.environ, **env}, args)
 
     def wait_for_log(self, text: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -71,42 +44,6 @@ class RelayProcess:
     def wait_streaming(self, timeout: float = 30.0) -> RelayProcess:
         self.wait_for_log("streaming", timeout)
         return self
-
-    def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM and wait: the clean shutdown path."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def wait(self, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR1)  # the relay dumps its threads' stacks
-            time.sleep(1)
-            self.proc.kill()
-            raise AssertionError(f"relay did not exit within {timeout}s:\n{self.logs()}") from None
-
-    def peak_rss_mb(self) -> float:
-        """VmHWM of the running process, in MiB."""
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no VmHWM in /proc status")
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> dict[str, str]:
