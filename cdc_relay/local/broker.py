@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog, free_port
+from cdc_relay.local.lifetime import ThrowAway, Watchdog
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -138,12 +138,6 @@ class LocalBroker(ThrowAway):
         self._watchdog: Watchdog | None = None
 
     # ---------------------------------------------------------------- properties
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            self._port = free_port()
-        return self._port
 
     @property
     def bootstrap_servers(self) -> str:

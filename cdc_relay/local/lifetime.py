@@ -77,7 +77,16 @@ def free_port() -> int:
 
 
 class ThrowAway:
-    """Base of LocalPostgres and LocalBroker: ``with`` support and cleanup at interpreter exit."""
+    """Base of LocalPostgres and LocalBroker: a port, ``with`` support, cleanup at exit."""
+
+    _port: int | None = None  # a subclass sets the one it was asked for, if any
+
+    @property
+    def port(self) -> int:
+        """The TCP port on 127.0.0.1 (a free one is chosen on first use)."""
+        if self._port is None:
+            self._port = free_port()
+        return self._port
 
     def start(self) -> None:
         raise NotImplementedError

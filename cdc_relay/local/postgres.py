@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog, free_port
+from cdc_relay.local.lifetime import ThrowAway, Watchdog
 
 __all__ = ["ExternalPostgres", "LocalPostgres", "drop_database", "find_bindir"]
 
@@ -256,12 +256,6 @@ class LocalPostgres(ThrowAway):
         self._watchdog: Watchdog | None = None
 
     # ---------------------------------------------------------------- properties
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            self._port = free_port()
-        return self._port
 
     @property
     def directory(self) -> Path:
