@@ -335,11 +335,6 @@ class Settings(BaseSettings):
             else:
                 yield name, value
 
-    @property
-    def outbox_schema_and_name(self) -> tuple[str, str]:
-        schema, name = self.outbox_table.split(".")
-        return schema, name
-
     def tables(self) -> tuple[OutboxTable, ...]:
         """Every outbox table the relay streams, with its mapping."""
         if self.outbox_tables:

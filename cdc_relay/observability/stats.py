@@ -13,6 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cdc_relay.lsn import format_lsn
+
 # Seconds; explicit bucket boundaries in OpenTelemetry's sense (upper bounds, +Inf implied).
 LATENCY_BOUNDARIES: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -89,8 +91,6 @@ class RelayStats:
 
     def snapshot(self) -> dict[str, object]:
         """The numbers ``status`` and ``/status`` show."""
-        from cdc_relay.lsn import format_lsn  # noqa: PLC0415 - keeps this module dependency-free
-
         return {
             "streaming": self.streaming,
             "uptime_s": round(time.time() - self.started_at, 1),

@@ -53,7 +53,7 @@ def assert_no_secret(text: str) -> None:
 def test_defaults() -> None:
     settings = load_settings(**REQUIRED)
     assert settings.outbox_table == "public.outbox"
-    assert settings.outbox_schema_and_name == ("public", "outbox")
+    assert settings.tables()[0].schema_and_name == ("public", "outbox")
     assert settings.slot_name == "cdc_relay"
     assert settings.publication_name == "cdc_relay_outbox"
     assert settings.topic_template == "outbox.event.{aggregate_type}"
@@ -87,7 +87,7 @@ def test_environment_with_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.database_url.get_secret_value() == DB_URL
     assert settings.kafka_bootstrap_servers == "k1:9092,k2:9092"
     assert settings.slot_name == "orders_slot"
-    assert settings.outbox_schema_and_name == ("sales", "events")
+    assert settings.tables()[0].schema_and_name == ("sales", "events")
     assert settings.allow_slot_reset is True
     assert settings.confirm_interval == 0.25
     assert settings.poison_policy is PoisonPolicy.STOP
