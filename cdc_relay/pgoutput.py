@@ -4,7 +4,7 @@ Why this module exists: the relay tails the WAL through a logical replication sl
 built-in ``pgoutput`` plugin, which emits a compact binary protocol (the "Logical Replication
 Message Formats" section of the PostgreSQL protocol documentation). psycopg hands us those
 messages as raw bytes, and nothing else in our dependency set parses them. Keeping the parser
-here, pure (bytes in, frozen dataclasses out, no I/O, no clock, no logging), means it can be
+here, pure (bytes in, immutable message objects out, no I/O, no clock, no logging), means it can be
 tested exhaustively against byte fixtures captured from a real server, benchmarked on its own,
 and reused by every component that touches the replication stream.
 
@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final, TypeAlias, final
+from typing import Any, ClassVar, Final, NamedTuple, TypeAlias, final
 
 __all__ = [
     "PG_EPOCH",
@@ -104,15 +104,16 @@ Value: TypeAlias = bytes | UnchangedToast | None
 TupleData: TypeAlias = tuple[Value, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Begin:
+# The messages every transaction or row brings (Begin, Commit, Insert, LogicalMessage) are
+# NamedTuples: as immutable as the frozen dataclasses used for the rest, but about three times
+# cheaper to build, which counts at 100k rows/s.
+class Begin(NamedTuple):
     final_lsn: int
     commit_ts: int
     xid: int
 
 
-@dataclass(frozen=True, slots=True)
-class Commit:
+class Commit(NamedTuple):
     flags: int
     commit_lsn: int
     end_lsn: int
@@ -156,8 +157,7 @@ class Type:
     xid: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Insert:
+class Insert(NamedTuple):
     relation_id: int
     new: TupleData
     xid: int | None
@@ -195,8 +195,7 @@ class Truncate:
         return bool(self.options & 2)
 
 
-@dataclass(frozen=True, slots=True)
-class LogicalMessage:
+class LogicalMessage(NamedTuple):
     transactional: bool
     lsn: int  # observed on PG 15: the *end* of the message's WAL record, not its start
     prefix: str
@@ -378,8 +377,42 @@ def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
 def _read_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
     """TupleData: Int16 column count, then per column a kind byte and, for 't'/'b', a value.
 
-    This is the hot path, so bounds checks are inlined rather than going through ``_unpack``.
+    The hot path of the whole relay (every column of every row), so it checks bounds once, at
+    the end: lengths are read unsigned, so a bad one can only overshoot the buffer, and any
+    overrun raises or ends past it. Malformed input is walked again by the careful reader, which
+    says exactly what is wrong and where.
     """
+    start_pos = pos
+    try:
+        (ncols,) = _U16.unpack_from(buf, pos)
+        pos += 2
+        values: list[Value] = []
+        append = values.append
+        unpack_length = _U32.unpack_from
+        for _ in range(ncols):
+            kind = buf[pos]
+            if kind in {0x74, 0x62}:  # 't' text, 'b' binary: Int32 length, then the bytes
+                start = pos + 5
+                pos = start + unpack_length(buf, pos + 1)[0]
+                append(buf[start:pos])
+            elif kind == 0x6E:  # 'n' NULL
+                append(None)
+                pos += 1
+            elif kind == 0x75:  # 'u' unchanged TOASTed value, not sent
+                append(UNCHANGED_TOAST)
+                pos += 1
+            else:
+                break
+        else:
+            if pos <= len(buf):
+                return tuple(values), pos
+    except (IndexError, struct.error):
+        pass
+    return _read_tuple_checked(buf, start_pos)
+
+
+def _read_tuple_checked(buf: bytes, pos: int) -> tuple[TupleData, int]:
+    """:func:`_read_tuple` with every bound checked: raises the precise error for bad input."""
     size = len(buf)
     if pos + 2 > size:
         raise _WireError("truncated tuple: missing column count", pos)
@@ -431,14 +464,21 @@ def _expect_new_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
 # --------------------------------------------------------------------------------------------
 
 
+# Begin, Commit and Insert unpack first and ask _unpack (which names the shortfall) only on error.
+
+
 def _decode_begin(buf: bytes, streamed: bool) -> Begin:
-    final_lsn, commit_ts, xid = _unpack(_BEGIN, buf, 1)
-    return Begin(final_lsn, commit_ts, xid)
+    try:
+        return Begin(*_BEGIN.unpack_from(buf, 1))
+    except struct.error:
+        return Begin(*_unpack(_BEGIN, buf, 1))
 
 
 def _decode_commit(buf: bytes, streamed: bool) -> Commit:
-    flags, commit_lsn, end_lsn, commit_ts = _unpack(_COMMIT, buf, 1)
-    return Commit(flags, commit_lsn, end_lsn, commit_ts)
+    try:
+        return Commit(*_COMMIT.unpack_from(buf, 1))
+    except struct.error:
+        return Commit(*_unpack(_COMMIT, buf, 1))
 
 
 def _decode_origin(buf: bytes, streamed: bool) -> Origin:
@@ -479,7 +519,10 @@ def _decode_insert(buf: bytes, streamed: bool) -> Insert:
         pos = 10
     else:
         xid = None
-        relation_id, marker = _unpack(_U32_U8, buf, 1)
+        try:
+            relation_id, marker = _U32_U8.unpack_from(buf, 1)
+        except struct.error:
+            relation_id, marker = _unpack(_U32_U8, buf, 1)
         pos = 6
     if marker != _TUPLE_NEW:
         raise _WireError(f"expected 'N' tuple marker, got {bytes([marker])!r}", pos - 1)

@@ -25,8 +25,9 @@ from cdc_relay.watermark import PendingTransaction
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Any, Any], None]
-# Delivery reports do not carry headers, so each record's headers are bound as the first argument.
-TransactionCallback = Callable[[list[tuple[str, bytes]], Any, Any], None]
+# Delivery reports do not carry headers, so each record's topic and headers are bound first (the
+# topic also saves asking the report for it, a string built per record).
+TransactionCallback = Callable[[str, list[tuple[str, bytes]], Any, Any], None]
 
 # Errors that concern one record and will not go away by retrying it.
 PERMANENT_ERRORS = frozenset(
@@ -151,22 +152,23 @@ class DeliveryTracker:
     def callback(
         self, txn: PendingTransaction, table: str, dead_letter: bool = False
     ) -> TransactionCallback:
-        """The delivery callback of ``txn``'s records; bind each record's headers with partial."""
+        """The delivery callback of ``txn``'s records; bind each record's topic and headers."""
         failures = self.failures
         stats = self.stats
         by_topic = stats.published_by_topic
         observe = stats.latency.observe
         commit_time = txn.commit_time
+        now = time.time
 
-        def on_delivery(headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
+        def on_delivery(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err is None:
                 txn.pending -= 1
                 self.acked += 1
                 if dead_letter:
                     stats.dead_lettered += 1
                 else:
-                    by_topic[msg.topic()] += 1
-                    observe(time.time() - commit_time)
+                    by_topic[topic] += 1
+                    observe(now() - commit_time)
             elif err.code() not in _PURGED:
                 stats.producer_errors += 1
                 failures.append(
@@ -176,7 +178,7 @@ class DeliveryTracker:
                         dead_letter,
                         err.code(),
                         err.str(),
-                        msg.topic(),
+                        topic,
                         msg.key(),
                         msg.value(),
                         headers,

@@ -112,19 +112,15 @@ class Relay:
         self.tracing = tracing or Tracing()
         self._registry = registry
         self._stop = threading.Event()
-        self._stopping = False
+        self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
         self._confirmed: int | None = None  # acknowledged position carried across sessions
         self._publisher: Publisher | None = None
 
     def request_stop(self) -> None:
         """Safe from a signal handler: the loop notices within one read timeout."""
-        self._stopping = True
+        self.stopping = True
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
 
     def fail(self, error: RelayError) -> None:
         """Stop after the current session's clean shutdown, then raise ``error`` from run()."""
@@ -185,7 +181,7 @@ class Relay:
         backoff = 0.5
         first = True
         try:
-            while not self._stopping:
+            while not self.stopping:
                 published_before = self.stats.published
                 try:
                     self._session()
@@ -319,6 +315,8 @@ class _Session:
         self.conn = conn
         self.publisher = publisher
         self.tracing = relay.tracing
+        self.tracing_enabled = relay.tracing.enabled
+        self.produce = publisher.produce_raw  # the hot path's one librdkafka call
         self.watermark = Watermark(start)
         self.tracker = DeliveryTracker(relay.stats)
         self.decode = decoder_for(self.settings)
@@ -474,34 +472,27 @@ class _Session:
                 )
             )
             return
-        if record.topic not in self.known_topics:
+        topic, key, value, headers, event_id, traceparent = record
+        if topic not in self.known_topics:
             try:
-                self.ensure_topic(record.topic)
+                self.ensure_topic(topic)
             except ProduceRefused as missing:
                 self.poison(
                     RefusedRecord(
                         txn, mapping.table, missing.reason, error_name(missing.code),
-                        record.event_id, record.topic, record.key, record.value, record.headers,
+                        event_id, topic, key, value, headers,
                     )
                 )  # fmt: skip
                 return
-        if record.traceparent is not None and self.tracing.enabled:
-            span, traceparent = self.tracing.start_publish(
-                record.traceparent, record.event_id, record.topic
-            )
-            record.headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", traceparent)
-            on_delivery = partial(_traced, span, callback, record.headers)
+        if traceparent is not None and self.tracing_enabled:
+            span, context = self.tracing.start_publish(traceparent, event_id, topic)
+            headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
+            on_delivery = partial(_traced, span, callback, topic, headers)
         else:
-            on_delivery = partial(callback, record.headers)
+            on_delivery = partial(callback, topic, headers)
         while True:
             try:
-                self.publisher.produce_raw(
-                    record.topic,
-                    record.value,
-                    record.key,
-                    headers=record.headers,
-                    on_delivery=on_delivery,
-                )
+                self.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
                 txn.pending += 1
                 return
             except BufferError:
@@ -516,11 +507,11 @@ class _Session:
                         mapping.table,
                         refused.reason,
                         error_name(refused.code),
-                        record.event_id,
-                        record.topic,
-                        record.key,
-                        record.value,
-                        record.headers,
+                        event_id,
+                        topic,
+                        key,
+                        value,
+                        headers,
                         too_large=refused.too_large,
                     )
                 )
@@ -578,7 +569,11 @@ class _Session:
                     )
                 )
                 raise _Stopping from None
-        on_delivery = partial(self.tracker.callback(txn, refused.table, dead_letter=True), headers)
+        on_delivery = partial(
+            self.tracker.callback(txn, refused.table, dead_letter=True),
+            settings.dead_letter_topic,
+            headers,
+        )
         while True:
             try:
                 self.publisher.produce(
@@ -744,15 +739,16 @@ class _Session:
         )
 
 
-def _traced(
+def _traced(  # noqa: PLR0917 - the delivery callback's shape, four of them bound by partial
     span: Span,
     callback: TransactionCallback,
+    topic: str,
     headers: list[tuple[str, bytes]],
     err: Any,
     msg: Any,
 ) -> None:
     Tracing.end_publish(span, err, msg)
-    callback(headers, err, msg)
+    callback(topic, headers, err, msg)
 
 
 def _process_registry() -> CollectorRegistry:

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cdc_relay import pgoutput
 from cdc_relay.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -742,6 +745,30 @@ def test_truncated_insert() -> None:
     decoder = PgOutputDecoder()
     with pytest.raises(DecodeError, match=r"Insert.*value of 5 bytes, 2 left.*offset 13"):
         decoder.decode(data[:-4])
+
+
+_TUPLE_PARTS = st.one_of(
+    st.binary(max_size=12).map(text_col),
+    st.sampled_from([b"n", b"u", b"t", b"b\x00\x00", b"x", b"t\xff\xff\xff\xfb"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_TUPLE_PARTS, max_size=6), st.integers(0, 8), st.integers(0, 3))
+def test_fast_tuple_reader_agrees_with_the_checked_one(
+    parts: list[bytes], declared_extra: int, cut: int
+) -> None:
+    """The unchecked fast path returns what the careful reader returns, or the same error."""
+    body = struct.pack(">H", max(len(parts) + declared_extra - 4, 0)) + b"".join(parts)
+    buf = b"I" + body[: len(body) - cut]
+
+    def outcome(reader: Any) -> object:
+        try:
+            return reader(buf, 1)
+        except Exception as exc:
+            return (type(exc), str(exc))
+
+    assert outcome(pgoutput._read_tuple) == outcome(pgoutput._read_tuple_checked)
 
 
 def truncation_samples() -> Iterator[tuple[str, int, bytes]]:
