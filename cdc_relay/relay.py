@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
+HOUSEKEEPING_SPACING = 0.001  # at most this often when the received data runs out
 STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sender_timeout)
 STALL_WARNING_AFTER = 10.0
 _XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
@@ -222,7 +223,13 @@ class Relay:
             store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
-            stream = ReplicationStream(url, settings.slot_name, start, plugin_options_for(settings))
+            stream = ReplicationStream(
+                url,
+                settings.slot_name,
+                start,
+                plugin_options_for(settings),
+                coalesce=settings.read_coalesce_ms / 1000,
+            )
             stream.open()
             self.stats.sessions += 1
             self.stats.streaming = True
@@ -336,6 +343,7 @@ class _Session:
         self.delivered_at_confirm = 0
         self.last_retained_check = 0.0
         self.last_heartbeat = now
+        self.last_housekeeping = now
         self.progress = _Progress(start, relay.stats.published)
 
     # -- reading -----------------------------------------------------------------------------
@@ -343,6 +351,7 @@ class _Session:
     def stream(self) -> None:
         relay = self.relay
         read = self.stream_conn.read
+        wait = self.stream_conn.wait
         decode = self.decode
         watermark = self.watermark
         stats = self.stats
@@ -353,9 +362,12 @@ class _Session:
         while True:
             if relay.stopping:
                 raise _Stopping
-            data = read(READ_TIMEOUT)
+            data = read()
             if data is None:
-                self.housekeeping()
+                # Everything received is handled: serve acknowledgements, confirm, then wait.
+                if time.monotonic() - self.last_housekeeping >= HOUSEKEEPING_SPACING:
+                    self.housekeeping()
+                wait(READ_TIMEOUT)
                 continue
             kind = data[0]
             if kind == XLOG_DATA:
@@ -415,7 +427,8 @@ class _Session:
                 stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
-                self.housekeeping(reply=bool(data[17]))
+                if data[17]:  # the server asks for a reply now (wal_sender_timeout)
+                    self.housekeeping(reply=True)
             else:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")
 
@@ -633,6 +646,7 @@ class _Session:
             self.handle_failures()
         publisher.check_fatal()
         now = time.monotonic()
+        self.last_housekeeping = now
         stats = self.stats
         stats.last_loop = now
         self.check_progress(now)

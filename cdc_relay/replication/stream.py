@@ -8,6 +8,7 @@ This module is the only place that touches that connection; libpq/psycopg failur
 from __future__ import annotations
 
 import select
+import time
 
 import psycopg
 from psycopg import pq
@@ -49,7 +50,9 @@ class ReplicationStream:
         slot_name: str,
         start_lsn: int,
         plugin_options: dict[str, str],
+        *,
         connect_timeout: int = 10,
+        coalesce: float = 0.0,
     ) -> None:
         self._conninfo = make_conninfo(
             replication_conninfo(database_url), connect_timeout=str(connect_timeout)
@@ -58,6 +61,9 @@ class ReplicationStream:
         self._start_lsn = start_lsn
         self._options = plugin_options
         self._conn: pq.abc.PGconn | None = None
+        self._coalesce = coalesce
+        self._fed = False  # the last wait brought data
+        self._woke_at = 0.0
 
     def open(self) -> None:
         conn = pq.PGconn.connect(self._conninfo.encode())
@@ -87,27 +93,49 @@ class ReplicationStream:
     def fileno(self) -> int:
         return self._require().socket
 
-    def read(self, timeout: float) -> memoryview | None:
-        """The next CopyData payload, or None when nothing arrived within ``timeout`` seconds."""
+    def read(self) -> memoryview | None:
+        """The next CopyData payload already received, or None. Never waits."""
         conn = self._require()
         try:
             size, data = conn.get_copy_data(1)
-            if size > 0:
-                return data
-            if size == 0:
-                readable, _, _ = select.select([conn.socket], [], [], timeout)
-                if not readable:
-                    return None
-                conn.consume_input()
-                size, data = conn.get_copy_data(1)
-                if size > 0:
-                    return data
-                if size == 0:
-                    return None
         except psycopg.OperationalError as exc:
             raise SourceUnavailable(f"replication connection lost: {exc}") from None
+        if size > 0:
+            return data
+        if size == 0:
+            return None
         self._raise_stream_end()
         raise AssertionError("unreachable")
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the server to send more and take it in.
+
+        False when nothing arrived. A relay woken for every message of a moderate stream spends
+        most of its CPU being woken (measured ~150 µs per event at 1,000 one-row transactions/s
+        on 2 shared cores, against ~10 µs in a catch-up). So after a wake-up that brought data,
+        when nothing more is waiting yet, the next wait first sleeps until ``coalesce`` seconds
+        have passed since that wake-up: what arrives meanwhile is read in one go, for at most
+        ``coalesce`` seconds of added latency. Data already waiting is always read at once.
+        """
+        conn = self._require()
+        sock = [conn.socket]
+        if self._fed and self._coalesce > 0:
+            readable, _, _ = select.select(sock, [], [], 0)
+            if not readable:
+                pause = self._woke_at + self._coalesce - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                readable, _, _ = select.select(sock, [], [], 0)
+        else:
+            readable, _, _ = select.select(sock, [], [], timeout)
+        self._woke_at = time.monotonic()
+        self._fed = bool(readable)
+        if readable:
+            try:
+                conn.consume_input()
+            except psycopg.OperationalError as exc:
+                raise SourceUnavailable(f"replication connection lost: {exc}") from None
+        return self._fed
 
     def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
         conn = self._require()
