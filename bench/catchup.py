@@ -125,6 +125,7 @@ def time_relay(
     samples_t: list[float] = [0.0]  # relay launch: nothing published yet
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
+    startup_s: float | None = None
     with psycopg.connect(url, autocommit=True) as conn, relay:
         next_sample = relay.started
         while True:
@@ -139,6 +140,7 @@ def time_relay(
                         # Start-up cost: imports, connections, slot checks (read within ~20 ms
                         # of the session starting, so it includes a little streaming work).
                         startup_cpu = relay.cpu_seconds()
+                        startup_s = now - relay.started
                     if now >= next_sample:
                         samples_t.append(round(now - relay.started, 3))
                         samples_published.append(int(status["published"]))
@@ -156,6 +158,7 @@ def time_relay(
         "seconds": elapsed,
         "cpu_seconds": cpu,
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
+        "startup_seconds": elapsed if startup_s is None else startup_s,
         "peak_rss_mb": rss,
         "published": published,
         "exit_code": exit_code,
@@ -189,6 +192,7 @@ def catchup_scenario(
     if relay["published"] < rows:
         raise RuntimeError(f"slot confirmed but only {relay['published']} of {rows} published")
     relay_seconds = float(relay["seconds"])
+    streaming_seconds = relay_seconds - float(relay["startup_seconds"])
     return {
         "kind": "catchup",
         "plugin": plugin,
@@ -206,6 +210,8 @@ def catchup_scenario(
             "rows_per_s": round(rows / relay_seconds),
             "cpu_s": round(relay["cpu_seconds"], 3),
             "cpu_us_per_event": round(relay["cpu_seconds"] / rows * 1e6, 2),
+            "startup_s": round(relay["startup_seconds"], 3),
+            "rows_per_s_after_startup": round(rows / streaming_seconds),
             "startup_cpu_s": round(relay["startup_cpu_seconds"], 3),
             "cpu_us_per_event_after_startup": round(
                 (relay["cpu_seconds"] - relay["startup_cpu_seconds"]) / rows * 1e6, 2
@@ -216,6 +222,7 @@ def catchup_scenario(
             "settings": relay["settings"],
         },
         "ratio": round(recvlogical / relay_seconds, 3),
+        "ratio_after_startup": round(recvlogical / streaming_seconds, 3),
         "throughput": relay["throughput"],
     }
 
@@ -235,9 +242,12 @@ def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
         "pg_recvlogical_rows_per_s": result["pg_recvlogical"]["rows_per_s"],
         "relay_s": result["relay"]["seconds"],
         "relay_rows_per_s": result["relay"]["rows_per_s"],
+        "relay_startup_s": result["relay"]["startup_s"],
+        "relay_rows_per_s_after_startup": result["relay"]["rows_per_s_after_startup"],
         "relay_cpu_us_per_event": result["relay"]["cpu_us_per_event"],
         "relay_peak_rss_mb": result["relay"]["peak_rss_mb"],
         "ratio_relay_to_pg_recvlogical": result["ratio"],
+        "ratio_after_relay_startup": result["ratio_after_startup"],
     }
 
 

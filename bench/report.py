@@ -99,6 +99,12 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                 ("", "time to all acknowledged, s", _num(relay["seconds"], 2),
                  _num(base["seconds"], 2), "", "", "")
             )  # fmt: skip
+            if "startup_s" in relay:
+                rows.append(
+                    ("", f"  after the relay's start-up ({relay['startup_s']:.2f} s), rows/s",
+                     f"{relay['rows_per_s_after_startup']:,}", "",
+                     f"{result['ratio_after_startup']:.3f}", "", "info")
+                )  # fmt: skip
         else:
             writer, latency, hist = (
                 result["writer"],
