@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +68,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
                 _positive(scenario, measured, "seconds")
                 _positive(scenario, measured, "rows_per_s")
             _positive(scenario, "ratio")
+            _positive(scenario, "ratio_after_startup")
+            assert 0 < _positive(scenario, "relay", "startup_s") < scenario["relay"]["seconds"]
+            _positive(scenario, "relay", "rows_per_s_after_startup")
             assert len(scenario["throughput"]["t"]) >= 1, key
         else:
             assert scenario["kind"] == "steady", key
@@ -85,3 +89,23 @@ def test_bench_smoke(tmp_path: Path) -> None:
     else:
         assert "matplotlib is not installed" in completed.stdout
     assert elapsed < 60, f"--smoke must finish in < 60 s, took {elapsed:.1f}s"
+
+
+def test_replay_smoke() -> None:
+    """``python -m bench.replay``: a recorded stream through the session loop, every event acked."""
+    command = [sys.executable, "-m", "bench.replay", "--rows", "2000", "--repeat", "2"]
+    if shutil.which("valgrind"):
+        command.append("--callgrind")
+    completed = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    print(completed.stdout)
+    result = dict(line.split(None, 1) for line in completed.stdout.splitlines())
+    assert int(result["events"]) == 2000
+    assert int(result["messages"]) >= 2000 + 2 * 200  # inserts, and a Begin and Commit per txn
+    for key in ("main_us_per_event_min", "process_us_per_event_median", "events_per_s_best"):
+        assert float(result[key]) > 0, key
+    assert float(result["main_us_per_event_min"]) <= float(result["process_us_per_event_median"])
+    if shutil.which("valgrind"):
+        assert int(result["callgrind_instructions_per_event"]) > 1000

@@ -1,0 +1,298 @@
+"""Hot-path benchmark: a recorded replication stream replayed through the relay's session loop.
+
+The catch-up scenario measures the relay together with PostgreSQL and the broker on the same
+cores, and on a shared virtual machine its timings move by ±25 % from one minute to the next. To
+judge a change to the hot path (decoding, mapping, producing, acknowledging) this takes the
+database's side out: the stream of a backlog is recorded once, then fed from memory to the very
+session loop the relay runs (``cdc_relay.relay._Session``), with a real producer and a real
+broker, and a real database connection for the position record. Reported per event: the CPU
+of the main thread (the relay's bottleneck in a catch-up) and of the whole process, the minimum
+and median over several replays. ``--callgrind`` also counts instructions per event under
+valgrind's callgrind, which does not depend on the machine's speed at all: the way to compare
+two versions on a noisy machine (same recording, same count of events, run both).
+
+    python -m bench.replay [--rows 20000] [--per-txn 10] [--repeat 7] [--callgrind]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.catchup import write_backlog
+from bench.harness import (
+    COPY,
+    PUBLICATION,
+    SLOT,
+    TOPIC,
+    TOPIC_PARTITIONS,
+    create_outbox,
+)
+from cdc_relay.checkpoint import PostgresCheckpointStore
+from cdc_relay.cli import tune_garbage_collector
+from cdc_relay.config import Settings
+from cdc_relay.decoding import plugin_options_for
+from cdc_relay.local import LocalBroker, LocalPostgres
+from cdc_relay.publisher import Publisher
+from cdc_relay.relay import Relay, _Session, _Stopping
+from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_HEADER
+from cdc_relay.replication.stream import ReplicationStream
+
+DRAIN_BYTES = 16 * 1024  # libpq reads about this much at a time: the loop sees it run out
+_LENGTH = struct.Struct(">I")
+_COMMIT, _INSERT = ord("C"), ord("I")
+
+
+def settings_for(url: str, bootstrap: str, plugin: str = "pgoutput") -> Settings:
+    return Settings.model_validate(
+        {
+            "database_url": url,
+            "kafka_bootstrap_servers": bootstrap,
+            "slot_name": SLOT,
+            "publication_name": PUBLICATION,
+            "plugin": plugin,
+            "sweep_interval": 0,
+            "http_port": 0,
+        }
+    )
+
+
+def record(url: str, settings: Settings, rows: int) -> list[bytes]:
+    """Every CopyData message the slot sends until the Commit after its ``rows``-th insert."""
+    stream = ReplicationStream(url, SLOT, 0, plugin_options_for(settings))
+    stream.open()
+    frames: list[bytes] = []
+    inserts = 0
+    payload = XLOG_DATA_HEADER.size + 1  # the pgoutput message type byte
+    try:
+        while True:
+            data = stream.read()
+            if data is None:
+                if not stream.wait(10.0):
+                    raise RuntimeError(f"the slot went quiet after {inserts} of {rows} inserts")
+                continue
+            frame = bytes(data)
+            frames.append(frame)
+            if frame[0] == XLOG_DATA:
+                if frame[payload] == _INSERT:
+                    inserts += 1
+                elif frame[payload] == _COMMIT and inserts >= rows:
+                    return frames
+    finally:
+        stream.close()
+
+
+def save_frames(frames: list[bytes], path: Path) -> None:
+    with path.open("wb") as out:
+        for frame in frames:
+            out.write(_LENGTH.pack(len(frame)))
+            out.write(frame)
+
+
+def load_frames(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    frames, pos = [], 0
+    while pos < len(data):
+        (size,) = _LENGTH.unpack_from(data, pos)
+        frames.append(data[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    return frames
+
+
+class FrameFeed:
+    """Stands in for ReplicationStream: the recorded messages, running out every ~16 KB."""
+
+    def __init__(self, frames: list[bytes], relay: Relay) -> None:
+        self._frames = frames
+        self._relay = relay
+        self._next = 0
+        self._since_drain = 0
+        self.status_updates = 0
+
+    def read(self) -> memoryview | None:
+        if self._next >= len(self._frames):
+            self._relay.request_stop()  # all replayed: the session unwinds
+            return None
+        if self._since_drain >= DRAIN_BYTES:
+            self._since_drain = 0
+            return None
+        frame = self._frames[self._next]
+        self._next += 1
+        self._since_drain += len(frame)
+        return memoryview(frame)
+
+    def wait(self, timeout: float) -> bool:
+        return self._next < len(self._frames)
+
+    def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
+        self.status_updates += 1
+
+
+def events_in(frames: list[bytes]) -> int:
+    payload = XLOG_DATA_HEADER.size + 1
+    return sum(1 for f in frames if f[0] == XLOG_DATA and f[payload] == _INSERT)
+
+
+def replay_once(
+    frames: list[bytes], settings: Settings, toggle: list[str] | None = None
+) -> dict[str, float]:
+    """One replay through a fresh session; CPU of the main thread and the process, per event."""
+    relay = Relay(settings)
+    publisher = Publisher(settings.producer_config(), relay.stats)
+    url = settings.database_url.get_secret_value()
+    with psycopg.connect(url, autocommit=True) as conn:
+        store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        store.ensure_table()
+        feed = FrameFeed(frames, relay)
+        session = _Session(
+            relay,
+            stream=feed,  # type: ignore[arg-type]  # the recording stands in for the server
+            store=store,
+            conn=conn,
+            publisher=publisher,
+            start=0,
+        )
+        session.ensure_topic(TOPIC)  # metadata round trip outside the measurement
+        if toggle:
+            subprocess.run([*toggle, "on", str(os.getpid())], check=True, capture_output=True)
+        wall, main, process = time.perf_counter(), time.thread_time(), _process_cpu()
+        with contextlib.suppress(_Stopping):  # raised once the recording is all read
+            session.stream()
+        session.drain()
+        main = time.thread_time() - main
+        process = _process_cpu() - process
+        wall = time.perf_counter() - wall
+        if toggle:
+            subprocess.run([*toggle, "off", str(os.getpid())], check=True, capture_output=True)
+    published = relay.stats.published
+    publisher.close(purge=False)
+    if published != events_in(frames):
+        raise RuntimeError(f"replayed {events_in(frames)} events but {published} were acknowledged")
+    return {
+        "events": published,
+        "wall_s": wall,
+        "main_us_per_event": main / published * 1e6,
+        "process_us_per_event": process / published * 1e6,
+    }
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def callgrind_instructions(frames_path: Path, url: str, bootstrap: str) -> float:
+    """Instructions per event of one replay under callgrind (all threads, the loop only)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise RuntimeError("--callgrind needs valgrind (apt-get install valgrind)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(
+            [
+                valgrind,
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}",
+                # the interpreter itself, not a wrapper script (pyenv shims are shell scripts)
+                os.path.realpath(sys.executable),
+                "-m",
+                "bench.replay",
+                "--child",
+                str(frames_path),
+                url,
+                bootstrap,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        totals = [line for line in out.read_text().splitlines() if line.startswith("totals:")]
+        instructions = int(totals[-1].split()[1])
+    return instructions / events_in(load_frames(frames_path))
+
+
+def child(frames_path: Path, url: str, bootstrap: str) -> None:
+    """The measured process under callgrind: one replay, instrumentation on around the loop."""
+    frames = load_frames(frames_path)
+    tune_garbage_collector()
+    replay_once(frames, settings_for(url, bootstrap), toggle=["callgrind_control", "-i"])
+
+
+def run(rows: int, per_txn: int, repeat: int, callgrind: bool) -> dict[str, Any]:
+    with LocalPostgres() as server, LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        url = server.create_database("bench_replay")
+        broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+        create_outbox(url, "pgoutput")
+        write_backlog(url, rows, per_txn)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (COPY,))  # made by write_backlog
+        settings = settings_for(url, broker.bootstrap_servers)
+        frames = record(url, settings, rows)
+        tune_garbage_collector()  # as `python -m cdc_relay` does
+        runs = [replay_once(frames, settings) for _ in range(repeat)]
+        result: dict[str, Any] = {
+            "rows": rows,
+            "rows_per_txn": per_txn,
+            "messages": len(frames),
+            "events": runs[0]["events"],
+            "repeat": repeat,
+        }
+        for key in ("main_us_per_event", "process_us_per_event"):
+            values = [r[key] for r in runs]
+            result[f"{key}_min"] = round(min(values), 2)
+            result[f"{key}_median"] = round(statistics.median(values), 2)
+        result["events_per_s_best"] = round(max(r["events"] / r["wall_s"] for r in runs))
+        if callgrind:
+            path = Path(tmp) / "frames.bin"
+            save_frames(frames, path)
+            result["callgrind_instructions_per_event"] = round(
+                callgrind_instructions(path, url, broker.bootstrap_servers)
+            )
+    return result
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--per-txn", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--callgrind", action="store_true", help="also count instructions/event")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("FRAMES", "URL", "BOOTSTRAP"), help=argparse.SUPPRESS
+    )
+    return parser.parse_args()
+
+
+def _lines(result: dict[str, Any]) -> Iterator[str]:
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        yield f"{key:<{width}}  {value}"
+
+
+def main() -> None:
+    args = _parse()
+    if args.child:
+        frames_path, url, bootstrap = args.child
+        child(Path(frames_path), url, bootstrap)
+        return
+    for line in _lines(run(args.rows, args.per_txn, args.repeat, args.callgrind)):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
