@@ -31,6 +31,7 @@ SLOT, COPY, PUBLICATION, TOPIC = "bench", "bench_copy", "bench_pub", "outbox.eve
 TOPIC_PARTITIONS = 3
 PAD = "x" * 200  # ~250-byte payloads, the size used for every scenario
 LATENCY_METRIC = "cdc_relay_event_latency_seconds"
+RECEIVE_LATENCY_METRIC = "cdc_relay_transaction_receive_latency_seconds"
 KTHREADD = 2  # parent of every kernel thread
 
 
@@ -347,9 +348,9 @@ class RelayChild(RelayProcess):
         status = self.status()
         return None if status is None else int(status["published"])
 
-    def latency_histogram(self) -> Histogram:
+    def latency_histogram(self, name: str = LATENCY_METRIC) -> Histogram:
         body = http_get(self.port, "/metrics", timeout=10.0)
-        return parse_histogram(body.decode()) if body is not None else Histogram()
+        return parse_histogram(body.decode(), name) if body is not None else Histogram()
 
     def wait_streaming(self, timeout: float = 60.0) -> float:
         """Wait until /status says streaming; returns the seconds since start."""

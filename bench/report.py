@@ -127,6 +127,13 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                 ("", f"relay histogram p50 / p99, ms (n={hist['count']:,})",
                  f"{_num(hist['p50_ms'])} / {_num(hist['p99_ms'])}", "", "", "", "bucketed")
             )  # fmt: skip
+            receive = result.get("relay_receive_histogram")
+            if receive:
+                rows.append(
+                    ("", "  of it commit→relay read (PostgreSQL), p50 / p99",
+                     f"{_num(receive['p50_ms'])} / {_num(receive['p99_ms'])}", "", "", "",
+                     "bucketed")
+                )  # fmt: skip
             if consumer["missing"] or consumer["duplicates"]:
                 rows.append(
                     ("", "missing / duplicate events", f"{consumer['missing']} / "

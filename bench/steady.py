@@ -30,6 +30,7 @@ import psycopg
 
 from bench.harness import (
     PAD,
+    RECEIVE_LATENCY_METRIC,
     TOPIC,
     TOPIC_PARTITIONS,
     RelayChild,
@@ -223,6 +224,7 @@ def steady_scenario(
                     time.sleep(idle_seconds)
                     idle_rate = (relay.cpu_seconds() - idle_from) / idle_seconds
                     before = relay.latency_histogram()
+                    receive_before = relay.latency_histogram(RECEIVE_LATENCY_METRIC)
                     cpu_before = relay.cpu_seconds()
                     window_from = time.perf_counter()
                     processes = process_snapshot()
@@ -251,6 +253,7 @@ def steady_scenario(
                         )
                     rss = relay.peak_rss_mb()
                     histogram = relay.latency_histogram().minus(before)
+                    receive = relay.latency_histogram(RECEIVE_LATENCY_METRIC).minus(receive_before)
                     received = consumer.result(events, 120)
                     exit_code = relay.stop()
                     settings = relay.settings
@@ -283,6 +286,12 @@ def steady_scenario(
             "p95_ms": ms(histogram.quantile(0.95)),
             "p99_ms": ms(histogram.quantile(0.99)),
             "bounds_ms": [b * 1000 for b in histogram.bounds if b != float("inf")],
+        },
+        # Commit -> the relay read the commit: how much of the latency is PostgreSQL's.
+        "relay_receive_histogram": {
+            "count": int(receive.count),
+            "p50_ms": ms(receive.quantile(0.50)),
+            "p99_ms": ms(receive.quantile(0.99)),
         },
         "relay": {
             "streaming_after_s": round(streaming_after, 3),

@@ -355,6 +355,7 @@ class _Session:
         decode = self.decode
         watermark = self.watermark
         stats = self.stats
+        observe_receive = stats.receive_latency.observe
         txn: PendingTransaction | None = None
         callback: TransactionCallback | None = None
         callback_table = ""
@@ -395,6 +396,8 @@ class _Session:
                     elif isinstance(message, Commit):
                         if txn is None:
                             raise ProtocolError("Commit without Begin in the replication stream")
+                        if callback is not None:  # the transaction had events
+                            observe_receive(time.time() - txn.commit_time)
                         watermark.seal(txn, message.end_lsn)
                         stats.transactions += 1
                         txn = None

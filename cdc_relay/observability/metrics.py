@@ -1,10 +1,11 @@
 """OpenTelemetry metrics: a Prometheus scrape endpoint by default, OTLP when configured.
 
 Instruments are *observable*: OpenTelemetry calls back into :class:`RelayStats` at collection time,
-so publishing an event costs no SDK call. The end-to-end latency histogram is aggregated by
-:class:`~cdc_relay.observability.stats.LatencyHistogram` and appended to each collection as a
-cumulative histogram (see ``_with_latency``). Names follow OpenTelemetry's style
-(``cdc_relay.events.published``); Prometheus shows them as ``cdc_relay_events_published_total``.
+so publishing an event costs no SDK call. The latency histograms (end to end, and the database's
+share of it) are aggregated by :class:`~cdc_relay.observability.stats.LatencyHistogram` and
+appended to each collection as cumulative histograms (see ``_with_latency``). Names follow
+OpenTelemetry's style (``cdc_relay.events.published``); Prometheus shows them as
+``cdc_relay_events_published_total``.
 """
 
 from __future__ import annotations
@@ -31,16 +32,28 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from cdc_relay import __version__
-from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.stats import LatencyHistogram, RelayStats
 
 LATENCY_METRIC = "cdc_relay.event.latency"
+RECEIVE_LATENCY_METRIC = "cdc_relay.transaction.receive_latency"
+_HISTOGRAMS = (
+    (
+        LATENCY_METRIC,
+        "End-to-end latency of an event: commit in PostgreSQL to Kafka acknowledgement",
+        "latency",
+    ),
+    (
+        RECEIVE_LATENCY_METRIC,
+        "Commit in PostgreSQL to the relay reading that commit, per transaction with events: "
+        "the database's share of the end-to-end latency",
+        "receive_latency",
+    ),
+)
 
 
-def _with_latency(data: MetricsData, stats: RelayStats, start_ns: int) -> MetricsData:
-    """``data`` plus the latency histogram, in the first scope of the first resource."""
-    if not data.resource_metrics or not data.resource_metrics[0].scope_metrics:
-        return data
-    histogram = stats.latency
+def _histogram_metric(
+    name: str, description: str, histogram: LatencyHistogram, start_ns: int
+) -> Metric:
     point = HistogramDataPoint(
         attributes={},
         start_time_unix_nano=start_ns,
@@ -52,17 +65,27 @@ def _with_latency(data: MetricsData, stats: RelayStats, start_ns: int) -> Metric
         min=histogram.min if histogram.count else 0.0,
         max=histogram.max if histogram.count else 0.0,
     )
-    metric = Metric(
-        name=LATENCY_METRIC,
-        description="End-to-end latency of an event: commit in PostgreSQL to Kafka acknowledgement",
+    return Metric(
+        name=name,
+        description=description,
         unit="s",
         data=Histogram(
             data_points=[point], aggregation_temporality=AggregationTemporality.CUMULATIVE
         ),
     )
+
+
+def _with_latency(data: MetricsData, stats: RelayStats, start_ns: int) -> MetricsData:
+    """``data`` plus the latency histograms, in the first scope of the first resource."""
+    if not data.resource_metrics or not data.resource_metrics[0].scope_metrics:
+        return data
+    histograms = [
+        _histogram_metric(name, description, getattr(stats, attribute), start_ns)
+        for name, description, attribute in _HISTOGRAMS
+    ]
     resource = data.resource_metrics[0]
     scope = resource.scope_metrics[0]
-    scope = replace(scope, metrics=[*scope.metrics, metric])
+    scope = replace(scope, metrics=[*scope.metrics, *histograms])
     resource = replace(resource, scope_metrics=[scope, *resource.scope_metrics[1:]])
     return MetricsData(resource_metrics=[resource, *data.resource_metrics[1:]])
 

@@ -64,7 +64,8 @@ class RelayStats:
     reconnects: int = 0
     producer_errors: int = 0
     sessions: int = 0
-    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # commit -> Kafka ack
+    receive_latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # commit -> read
     # Positions (LSNs as integers) and times (Unix seconds); 0 until known.
     confirmed_lsn: int = 0
     received_lsn: int = 0

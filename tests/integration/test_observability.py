@@ -94,6 +94,10 @@ def test_metrics_report_exactly_what_was_relayed(
     assert _metric(text, "cdc_relay_event_latency_seconds_count") == 30
     assert _metric(text, "cdc_relay_event_latency_seconds_bucket", le="+Inf") == 30
     assert _metric(text, "cdc_relay_transactions_relayed_total") == 16
+    # One observation per transaction with events, the dead-lettered one included.
+    assert _metric(text, "cdc_relay_transaction_receive_latency_seconds_count") == len(batches)
+    receive_sum = _metric(text, "cdc_relay_transaction_receive_latency_seconds_sum")
+    assert 0 < receive_sum <= _metric(text, "cdc_relay_event_latency_seconds_sum")
     assert _metric(text, "cdc_relay_events_in_flight") == 0
     assert _metric(text, "cdc_relay_reconnects_total") == 0
     assert "cdc_relay_slot_retained_wal_bytes" in text

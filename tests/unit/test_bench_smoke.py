@@ -79,6 +79,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
             for quantile in ("p50", "p95", "p99", "max"):
                 _positive(scenario, "latency_ms", quantile)
             assert scenario["relay_histogram"]["count"] == scenario["writer"]["events"], key
+            # One event per transaction: one commit→read observation per event.
+            assert scenario["relay_receive_histogram"]["count"] == scenario["writer"]["events"]
             _positive(scenario, "relay_histogram", "p99_ms")
     assert result["machine"]["cores"] >= 1
     assert all(target["passed"] is None for target in result["targets"])  # not evaluated

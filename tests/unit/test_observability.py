@@ -30,6 +30,7 @@ def test_prometheus_histogram_is_cumulative_and_counts_every_observation() -> No
     metrics = RelayMetrics(stats, CollectorRegistry())
     for value in (0.002, 0.002, 0.3):
         stats.latency.observe(value)
+    stats.receive_latency.observe(0.0015)
     stats.published_by_topic["a"] += 2
     stats.published_by_topic["b"] += 1
     text = metrics.prometheus_text().decode()
@@ -47,6 +48,15 @@ def test_prometheus_histogram_is_cumulative_and_counts_every_observation() -> No
     assert by_le["0.5"] == 3
     assert by_le["+Inf"] == 3
     assert 'cdc_relay_events_published_total{messaging_destination_name="a"' in text
+    receive = {
+        line.split("{", 1)[0].rsplit("_", 1)[1] + line.split('le="')[1].split('"')[0]
+        if 'le="' in line
+        else line.split("{", 1)[0].rsplit("_", 1)[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("cdc_relay_transaction_receive_latency_seconds_")
+    }
+    assert receive["count"] == 1
+    assert (receive["bucket0.001"], receive["bucket0.0025"]) == (0, 1)
 
 
 def test_lag_is_zero_when_caught_up_and_age_of_last_ack_otherwise() -> None:
