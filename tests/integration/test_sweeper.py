@@ -3,6 +3,7 @@ outbox rows and never one whose event Kafka has not acknowledged."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -271,11 +272,14 @@ def test_each_delete_transaction_removes_at_most_a_batch(
     create_outbox(database)
     # Observed on the server side: rows removed per deleting transaction.
     with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("CREATE TABLE sweep_audit (xid bigint, removed int)")
+        conn.execute(
+            "CREATE TABLE sweep_audit (xid bigint, removed int, started float8, ended float8)"
+        )
         conn.execute(
             "CREATE FUNCTION audit_sweep() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "INSERT INTO sweep_audit SELECT txid_current(), count(*) FROM gone; RETURN NULL; "
-            "END $$"
+            "INSERT INTO sweep_audit SELECT txid_current(), count(*), "
+            "extract(epoch FROM statement_timestamp()), extract(epoch FROM clock_timestamp()) "
+            "FROM gone; RETURN NULL; END $$"
         )
         conn.execute(
             "CREATE TRIGGER audit_sweep AFTER DELETE ON outbox REFERENCING OLD TABLE AS gone "
@@ -305,6 +309,14 @@ def test_each_delete_transaction_removes_at_most_a_batch(
     assert all(int(str(n)) <= 100 for _, n in per_transaction)
     assert sum(int(str(n)) for _, n in per_transaction) == 1000
     assert sweeper.deleted_total == 1000
+    # Paced: between two deletes the sweeper rests at least as long as the first one took.
+    with psycopg.connect(database, autocommit=True) as conn:
+        spans = conn.execute("SELECT started, ended FROM sweep_audit ORDER BY started").fetchall()
+    gaps = [
+        (float(later[0]) - float(earlier[1]), float(earlier[1]) - float(earlier[0]))
+        for earlier, later in itertools.pairwise(spans)
+    ]
+    assert all(gap >= took for gap, took in gaps), gaps
     print(f"\n1000 rows swept in batches of 100 in {elapsed:.2f}s (incl. waiting for the relay)")
 
 
