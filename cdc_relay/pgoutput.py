@@ -425,7 +425,6 @@ def _read_tuple_checked(buf: bytes, pos: int) -> tuple[TupleData, int]:
         if pos >= size:
             raise _WireError(f"truncated tuple: missing column {len(values)}", pos)
         kind = buf[pos]
-        # Literal constants: this loop runs once per column of every row.
         if kind in (0x74, 0x62):  # 't' text, 'b' binary: Int32 length, then the bytes
             start = pos + 5
             if start > size:
