@@ -39,7 +39,7 @@ from bench.harness import (
 from cdc_relay.config import Settings
 from cdc_relay.decoding import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
-from cdc_relay.local.postgres import find_bindir
+from cdc_relay.local.postgres_binaries import find_bindir
 from cdc_relay.lsn import format_lsn
 
 SAMPLE_INTERVAL = 0.2  # seconds between throughput samples (/status `published`)

