@@ -208,8 +208,9 @@ def callgrind_instructions(frames_path: Path, url: str, bootstrap: str) -> float
                 "--tool=callgrind",
                 "--instr-atstart=no",
                 f"--callgrind-out-file={out}",
-                # the interpreter itself, not a wrapper script (pyenv shims are shell scripts)
-                os.path.realpath(sys.executable),
+                # sys.executable as it is: inside a virtual environment, resolving its symlink
+                # would start the base interpreter, which lacks the environment's packages
+                sys.executable,
                 "-m",
                 "bench.replay",
                 "--child",
