@@ -17,6 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +123,25 @@ def database(postgres: PostgresServer) -> Iterator[str]:
 def unique() -> str:
     """A short unique lowercase string for slot, publication and topic names."""
     return _short_id()
+
+
+_SERVER_FIXTURES = frozenset({"postgres", "broker", "database", "local_postgres", "local_broker"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Everything under ``tests/integration`` is marked integration; nothing else starts a server.
+
+    This keeps ``pytest -m "not integration"`` the fast tier: a test outside ``tests/integration``
+    that asks for a server fixture is a collection error, not a slow unit test.
+    """
+    integration_dir = Path(__file__).resolve().parent / "integration"
+    misplaced = []
+    for item in items:
+        if integration_dir in item.path.resolve().parents:
+            item.add_marker(pytest.mark.integration)
+        elif _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "tests that start a server belong under tests/integration: " + ", ".join(misplaced)
+        )

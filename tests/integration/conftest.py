@@ -22,9 +22,10 @@ def wal2json_missing(postgres: PostgresServer) -> str | None:
                 "SELECT pg_create_logical_replication_slot(%s, 'wal2json', true)", (probe,)
             )
         except psycopg.errors.UndefinedFile:
+            major = conn.info.server_version // 10000
             return (
-                "wal2json is not installed on the test server "
-                "(Debian/Ubuntu: apt-get install postgresql-15-wal2json); CI installs it"
+                f"wal2json is not installed on the test server (PostgreSQL {major}; Debian/Ubuntu:"
+                f" apt-get install postgresql-{major}-wal2json; the PostgreSQL wheel has none)"
             )
     return None
 

@@ -17,10 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg
 import pytest
 
-from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.lsn import parse_lsn
 from cdc_relay.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
@@ -1028,65 +1027,6 @@ def test_bad_message_prefixes(prefix: str) -> None:
 def test_no_tables() -> None:
     with pytest.raises(ValueError, match="at least one table"):
         plugin_options([])
-
-
-# ---------------------------------------------------------------------------------------------
-# Against a live server (the session's PostgreSQL; skipped if it has no wal2json)
-# ---------------------------------------------------------------------------------------------
-
-
-def _changes(conn: psycopg.Connection[Any], slot: str) -> list[tuple[str, str]]:
-    options = plugin_options(["public.outbox"])
-    args = [item for pair in options.items() for item in pair]
-    placeholders = ", ".join(["%s"] * len(args))
-    rows = conn.execute(
-        f"SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, {placeholders})",
-        [slot, *args],
-    ).fetchall()
-    return [(lsn, data) for lsn, data in rows]
-
-
-def _decode_all(rows: list[tuple[str, str]]) -> list[Wal2JsonMessage]:
-    decoder = Wal2JsonDecoder()
-    return [m for lsn, data in rows for m in decoder.decode(data.encode(), parse_lsn(lsn))]
-
-
-@pytest.mark.integration
-def test_end_lsn_against_the_server(database: str) -> None:
-    """Confirming Commit.end_lsn skips exactly that transaction; Commit.commit_lsn does not."""
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("SET synchronous_commit = on")  # slot functions read flushed WAL only
-        try:
-            conn.execute("SELECT pg_create_logical_replication_slot('w_end', 'wal2json')")
-        except psycopg.errors.UndefinedFile:
-            pytest.skip("the server has no wal2json plugin")
-        conn.execute("SELECT pg_create_logical_replication_slot('w_commit', 'wal2json')")
-        conn.execute((Path(__file__).resolve().parents[2] / "sql" / "001_outbox.sql").read_text())
-        for n in (1, 2):
-            conn.execute(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
-                " VALUES (gen_random_uuid(), 'order', %s, 'Created', '{}')",
-                [f"order-{n}"],
-            )
-        decoded_all = _decode_all(_changes(conn, "w_end"))
-        begins = of_type(decoded_all, Begin)
-        commits = of_type(decoded_all, Commit)
-        inserts = of_type(decoded_all, Insert)
-        assert [i.new[2] for i in inserts] == [b"order-1", b"order-2"]
-        # begins[0] is the CREATE TABLE transaction.
-        first = commits[1]
-        conn.execute(
-            "SELECT pg_replication_slot_advance('w_end', %s::pg_lsn)", [format_lsn(first.end_lsn)]
-        )
-        conn.execute(
-            "SELECT pg_replication_slot_advance('w_commit', %s::pg_lsn)",
-            [format_lsn(first.commit_lsn)],
-        )
-        after_end = _decode_all(_changes(conn, "w_end"))
-        after_commit = _decode_all(_changes(conn, "w_commit"))
-    assert [b.xid for b in of_type(after_end, Begin)] == [begins[2].xid]
-    assert [i.new[2] for i in of_type(after_end, Insert)] == [b"order-2"]
-    assert [b.xid for b in of_type(after_commit, Begin)] == [begins[1].xid, begins[2].xid]
 
 
 def test_decode_speed_smoke() -> None:
