@@ -28,7 +28,7 @@ _SPECIAL_FLAGS = {"kafka_producer_config"}  # given as repeatable --kafka-proper
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="cdc-relay",
+        prog="python -m cdc_relay",
         description=(
             "Relay transactional-outbox rows from PostgreSQL to Kafka by tailing the WAL. "
             "Every flag can also be set as an environment variable (shown in brackets) or in .env."

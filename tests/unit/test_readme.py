@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cdc_relay.cli import build_parser
 from cdc_relay.config import Settings, env_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,3 +21,25 @@ def test_every_setting_is_in_the_readme_table() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     assert "python -m pytest" in README
     assert "\npython -m pytest\n" in (REPO / ".ci" / "run").read_text()
+
+
+def test_ci_runs_the_postgresql_18_tier_the_readme_describes() -> None:
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "wheel_bindirs()[18]" in ci
+    assert "wheel_bindirs()[18]" in README
+    for tier in ("test_relay.py", "test_relay_faults.py", "test_sweeper.py", "test_admin.py"):
+        assert f"tests/integration/{tier}" in ci, tier
+
+
+def test_the_relay_is_started_one_way() -> None:
+    """``python -m cdc_relay``, never the console script, in the docs, the image and ``--help``."""
+    assert build_parser().format_usage().startswith("usage: python -m cdc_relay ")
+    assert '["python", "-m", "cdc_relay"]' in (REPO / "docker" / "Dockerfile").read_text()
+    docs = [
+        README,
+        (REPO / "docker" / "Dockerfile").read_text(),
+        *(path.read_text() for path in (REPO / "bench").glob("*.md")),
+    ]
+    for text in docs:
+        for command in ("run", "setup", "check", "status", "sweep", "demo"):
+            assert f"cdc-relay {command}" not in text, command
