@@ -184,10 +184,15 @@ class Demo:
             database_url = postgres.create_database(DATABASE)
             with psycopg.connect(database_url, autocommit=True) as conn:
                 conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
+                version = conn.info.server_version
             broker.create_topic(TOPIC, partitions=PARTITIONS)
             self.say(
                 f"  PostgreSQL   127.0.0.1:{postgres.port}  database {DATABASE!r}, "
                 f"table public.outbox  (throw-away, in {postgres.directory})"
+            )
+            self.say(
+                f"               version {version // 10000}.{version % 10000}, "
+                f"binaries in {postgres.bindir}"
             )
             self.say(
                 f"  broker       {broker.bootstrap_servers}  Tansu, topic {TOPIC!r}, "

@@ -232,6 +232,11 @@ class LocalPostgres(ThrowAway):
         return self._root
 
     @property
+    def bindir(self) -> Path:
+        """The server binaries' directory (see :mod:`cdc_relay.local.postgres_binaries`)."""
+        return self._bin("postgres").parent
+
+    @property
     def data_dir(self) -> Path:
         return self.directory / "data"
 

@@ -113,6 +113,7 @@ def test_demo_delivers_n_events_and_cleans_up(scratch: Path) -> None:
         assert len({m["partition"] for m in matches}) == 1, key
         assert [m["event"] for m in matches] == lifecycle[: len(matches)], key
     assert "50 events delivered" in result.stdout
+    assert re.search(r"version \d+\.\d+, binaries in /", result.stdout), output
     assert_nothing_left(scratch)
     print(f"demo --events 50 took {took:.1f}s")
 
