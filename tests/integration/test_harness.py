@@ -53,9 +53,7 @@ def test_database_fixture_gives_a_fresh_database(database: str, unique: str) -> 
             "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
         ).fetchone() == (0,)
         # A slot in this database must not stop the fixture from dropping it afterwards.
-        conn.execute(
-            "SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (f"s_{unique}",)
-        )
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"s_{unique}",))
 
 
 def test_stop_kill_restart_keep_data(local_postgres: LocalPostgres, unique: str) -> None:
@@ -102,8 +100,11 @@ def test_settings_override_and_context_manager() -> None:
         pg.restart()
         assert _scalar(pg.url(), "SHOW wal_level") == "replica"
         assert _scalar(pg.url(), "SHOW max_wal_senders") == "5"
-        with psycopg.connect(pg.url(), autocommit=True) as conn, pytest.raises(psycopg.Error):
-            conn.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+        with (
+            psycopg.connect(pg.url(), autocommit=True) as conn,
+            pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="wal_level"),
+        ):
+            conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
     assert not directory.exists()
 
 
