@@ -239,6 +239,7 @@ class LocalBroker(ThrowAway):
             raise RuntimeError("broker is not running")
         self._process.send_signal(signal.SIGSTOP)
         self._paused = True
+        _wait_stopped(self._process.pid)
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
@@ -352,3 +353,21 @@ class ExternalBroker:
 
     def __repr__(self) -> str:
         return f"ExternalBroker(bootstrap_servers={self.bootstrap_servers!r})"
+
+
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Return once every thread of ``pid`` is stopped: SIGSTOP takes effect asynchronously, and
+    a broker thread that was running when it was sent could still answer one more request."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return  # no procfs: trust the signal
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.005)
+    raise RuntimeError(f"broker (pid {pid}) did not stop within {timeout}s of SIGSTOP")
