@@ -345,6 +345,7 @@ class _Session:
         self.last_heartbeat = now
         self.last_housekeeping = now
         self.progress = _Progress(start, relay.stats.published)
+        self.stop_deadline: float | None = None  # set when a stop finds a transaction open
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ class _Session:
         callback_table = ""
         counter = 0
         while True:
-            if relay.stopping:
+            if relay.stopping and (txn is None or self.stop_now()):
                 raise _Stopping
             data = read()
             if data is None:
@@ -636,8 +637,24 @@ class _Session:
         self.publisher.poll(0.05)
         self.handle_failures()
         self.housekeeping()
-        if self.relay.stopping:
+        if self.relay.stopping and self.stop_now():
             raise _Stopping
+
+    def stop_now(self) -> bool:
+        """A stop was requested inside a transaction: stop at once, or read on to its Commit?
+
+        Reading on lets the stop confirm the whole transaction, so that a restart re-sends none
+        of it. Bounded: past CDC_RELAY_SHUTDOWN_TIMEOUT (counted from the request) the relay stops
+        anyway, leaving the transaction unconfirmed. A failure (e.g. the poison policy stop)
+        stops at once.
+        """
+        if self.relay._fatal is not None:
+            return True
+        now = time.monotonic()
+        if self.stop_deadline is None:
+            self.stop_deadline = now + self.settings.shutdown_timeout
+            log.info("stop requested: reading on to the end of the transaction")
+        return now >= self.stop_deadline
 
     # -- periodic work -----------------------------------------------------------------------
 
@@ -722,7 +739,7 @@ class _Session:
 
     def drain(self) -> None:
         """Wait (bounded by the shutdown timeout) until the producer has nothing in flight."""
-        deadline = time.monotonic() + self.settings.shutdown_timeout
+        deadline = self.stop_deadline or time.monotonic() + self.settings.shutdown_timeout
         publisher = self.publisher
         try:
             while publisher.in_flight() > 0 and time.monotonic() < deadline:
