@@ -302,6 +302,32 @@ class Settings(BaseSettings):
     )
     log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    topic_allowlist: str | None = Field(
+        None,
+        description=(
+            "Regular expression every event's topic must match in full (topics come from rows "
+            "through the template or a topic column); others are refused like an invalid topic "
+            "(dead-letter or stop). Unset: any legal topic name."
+        ),
+    )
+    max_created_topics: int = Field(
+        100,
+        ge=0,
+        description=(
+            "Topics the relay creates for events (CDC_RELAY_MISSING_TOPICS=create) before it "
+            "refuses records for further new topics, per process; 0: it creates none."
+        ),
+    )
+
+    @field_validator("topic_allowlist")
+    @classmethod
+    def _allowlist(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
 
     @field_validator("outbox_table")
     @classmethod

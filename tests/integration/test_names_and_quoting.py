@@ -8,8 +8,13 @@ import uuid
 
 import psycopg
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
+from pydantic import ValidationError
 
+from cdc_relay.config import Settings
+from cdc_relay.ddl import emit_function_ddl
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     OUTBOX_DDL,
@@ -75,6 +80,67 @@ def test_a_hostile_message_prefix_is_a_value_never_sql(
     assert refused.returncode == 2
     assert "CDC_RELAY_MESSAGE_PREFIX" in refused.stdout + refused.stderr
     assert scalar(database, "SELECT to_regclass('public.outbox') IS NOT NULL") is True
+
+
+# What CDC_RELAY_MESSAGE_PREFIX accepts: non-empty, no commas, no whitespace (wal2json's limits);
+# PostgreSQL text holds no NUL, and a lone surrogate is not UTF-8.
+_PREFIXES = st.text(
+    st.characters(blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc"), blacklist_characters=","),
+    min_size=1,
+    max_size=40,
+) | st.sampled_from([HOSTILE_PREFIX, "$$", "$a$", "'", "\\'", "';--", "E'\\x27'", "$$$$"])
+
+
+def test_any_accepted_prefix_is_emitted_exactly_as_configured(database: str, unique: str) -> None:
+    """Property: for every prefix the settings accept, the installed outbox_emit writes messages
+    with exactly that prefix, and the statement that installs it runs nothing else."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SET check_function_bodies = off")
+        conn.execute(OUTBOX_DDL.encode())
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE outbox").format(
+            sql.Identifier(f"pub_{unique}")
+        ))  # fmt: skip
+        slot = f"peek_{unique}"
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("SET synchronous_commit = on")
+
+        @settings(max_examples=60, deadline=None)
+        @given(_PREFIXES)
+        def emits_exactly(prefix: str) -> None:
+            assume(load_settings_prefix_ok(prefix))
+            conn.execute(emit_function_ddl(prefix, conn))
+            conn.execute("SELECT outbox_emit('order', 'o-1', 'created', '{}')")
+            changes = conn.execute(
+                "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL, "
+                "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+                (slot, f"pub_{unique}"),
+            ).fetchall()
+            messages = [bytes(c[0]) for c in changes if bytes(c[0])[:1] == b"M"]
+            assert [m[10 : m.index(b"\0", 10)] for m in messages] == [prefix.encode()]
+            assert conn.execute("SELECT to_regclass('public.outbox') IS NOT NULL").fetchone() == (
+                True,
+            )
+            functions = conn.execute(
+                "SELECT count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+            ).fetchone()
+            assert functions == (1,), "only outbox_emit: nothing else was created"
+
+        try:
+            emits_exactly()
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def load_settings_prefix_ok(prefix: str) -> bool:
+    """Whether the settings accept ``prefix`` (the property covers exactly those)."""
+    try:
+        Settings.model_validate(
+            {"database_url": "postgresql://x@h/db", "kafka_bootstrap_servers": "k:9092",
+             "message_prefix": prefix}
+        )  # fmt: skip
+    except ValidationError:
+        return False
+    return True
 
 
 @pytest.mark.usefixtures("plugin")
