@@ -347,10 +347,10 @@ class _DatabaseChecks:
             if oid is None:
                 continue  # reported by the table check
             schema = table.schema_and_name[0]
-            if not _scalar(self.conn, "SELECT has_schema_privilege(%s, 'USAGE')", schema):
-                problems.append(
-                    f"run GRANT USAGE ON SCHEMA {table.sql_name.split('.')[0]} TO {self.user}"
-                )
+            if needed and not _scalar(
+                self.conn, "SELECT has_schema_privilege(%s, 'USAGE')", schema
+            ):
+                problems.append(f"run GRANT USAGE ON SCHEMA {sql_name(schema)} TO {self.user}")
             lacking = [
                 p
                 for p in needed

@@ -100,6 +100,7 @@ def test_relay_and_sweeper_run_as_the_documented_role(
         sweep_interval="0.2",
         confirm_interval="0.2",
         idle_confirm_interval="0.3",
+        heartbeat_interval="0.2",
     )
     with (
         psycopg.connect(relay_url, autocommit=True) as conn,
