@@ -12,6 +12,7 @@ check failed. It changes nothing (the wal2json probe creates a temporary slot an
 from __future__ import annotations
 
 import os
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -679,6 +680,17 @@ def _topics(settings: Settings, metadata: Any) -> str:
     for template in sorted(templates):
         if not any(name for _, name, _, _ in string.Formatter().parse(template)):
             wanted.append(("topic", template))  # a fixed topic name, no per-row fields
+    allowlist = settings.topic_allowlist
+    refused = [
+        topic
+        for role, topic in wanted
+        if role == "topic" and allowlist is not None and not re.fullmatch(allowlist, topic)
+    ]
+    if refused:
+        raise _Failed(
+            f"topic {', '.join(refused)} does not match CDC_RELAY_TOPIC_ALLOWLIST: every event "
+            "would be refused; fix the template or the allow-list"
+        )
     present: list[str] = []
     absent: list[str] = []
     for role, topic in wanted:

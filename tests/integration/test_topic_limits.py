@@ -18,6 +18,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
 )
+from tests.integration.test_admin import cdc_relay, failed
 from tests.kafka_helpers import consume_all, consume_with_grace
 
 pytestmark = pytest.mark.integration
@@ -101,3 +102,18 @@ def test_a_stop_is_honoured_while_a_topic_is_being_created(
     assert "stop requested: reading on to the end of the transaction" in relay.logs()
     # Within the shutdown timeout, not after the blocked metadata request (10 s).
     assert took < 6, f"stopped after {took:.1f}s:\n{relay.logs()}"
+
+
+def test_check_fails_for_a_fixed_topic_outside_the_allowlist(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        topic_template="orders",
+        topic_allowlist=rf"{unique}\..*",
+    )
+    result = cdc_relay(env, "check")
+    assert "topic orders does not match CDC_RELAY_TOPIC_ALLOWLIST" in failed(result)["topics"]
