@@ -11,8 +11,8 @@ check failed. It changes nothing (the wal2json probe creates a temporary slot an
 
 from __future__ import annotations
 
-import importlib.resources
 import os
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +22,17 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc_relay.checkpoint import STATE_TABLE, PostgresCheckpointStore, resolve_start
-from cdc_relay.config import MissingTopics, OutboxColumns, OutboxTable, Plugin, Settings, redact_url
+from cdc_relay.checkpoint import PostgresCheckpointStore, resolve_start
+from cdc_relay.config import (
+    MissingTopics,
+    OutboxColumns,
+    OutboxTable,
+    Plugin,
+    Settings,
+    redact_url,
+    sql_name,
+)
+from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.publisher import admin_config
@@ -32,17 +41,16 @@ from cdc_relay.replication.source import (
     SourceDatabase,
     connect,
     missing_columns,
+    missing_table_hint,
+    relation_oid,
 )
 from cdc_relay.sweeper import has_unique_id
 
 Connection = psycopg.Connection[tuple[object, ...]]
 Output = Callable[[str], None]
 
-OUTBOX_SQL = "001_outbox.sql"
-EMIT_SQL = "004_outbox_emit.sql"
 DEFAULT_OUTBOX_TABLE = "public.outbox"
 EMIT_SIGNATURE = "outbox_emit(text, text, text, jsonb, jsonb)"
-_EMIT_PREFIX_LINE = "        'outbox',\n"  # the prefix argument in 004_outbox_emit.sql
 
 EXIT_CHECK_FAILED = 1
 EXIT_SLOT_LOST = PositionMismatch.exit_code
@@ -52,14 +60,6 @@ PROBE_TIMEOUT = "5s"
 ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "bytea"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
-
-# librdkafka properties an AdminClient takes from the producer's configuration: how to reach and
-# authenticate to the cluster. Producer-only properties (acks, linger.ms, ...) are rejected by it.
-
-
-def packaged_sql(name: str) -> str:
-    """A DDL file shipped inside the package (``cdc_relay/sql/``)."""
-    return (importlib.resources.files("cdc_relay") / "sql" / name).read_text("utf-8")
 
 
 # -- setup -----------------------------------------------------------------------------------
@@ -121,14 +121,15 @@ class _Setup:
                 conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
             self.report(not exists, f"table {DEFAULT_OUTBOX_TABLE}")
 
-        exists = _relation_exists(conn, settings.state_schema, STATE_TABLE)
-        if not exists:
-            self.store.ensure_table()
-        self.report(not exists, f"state table {settings.state_schema}.{STATE_TABLE}")
+        try:
+            created = self.store.ensure_table()
+        except SourceSetupError as exc:
+            raise _SetupFailed(f"state table: {exc}", exc.exit_code) from None
+        self.report(created, f"state table {self.store.inspect().name}")
 
         exists = _scalar(conn, "SELECT to_regprocedure(%s) IS NOT NULL", EMIT_SIGNATURE) is True
         if not exists:
-            conn.execute(emit_function_sql(settings.message_prefix).encode())
+            conn.execute(emit_function_ddl(settings.message_prefix, conn))
         prefix = settings.message_prefix
         self.report(not exists, f"function {EMIT_SIGNATURE} (message prefix {prefix!r})")
 
@@ -155,7 +156,7 @@ class _Setup:
             if recorded is not None:
                 raise _SetupFailed(
                     f"replication slot {name}: missing, but the relay recorded position "
-                    f"{format_lsn(recorded)} in {settings.state_schema}.{STATE_TABLE}: it was "
+                    f"{format_lsn(recorded)} in {self.store.inspect().name}: it was "
                     "dropped after the relay used it, and events committed since may never have "
                     "been published. setup will not paper over that by creating a new slot. "
                     "Re-publish those events yourself (or accept the gap), then start the relay "
@@ -182,15 +183,6 @@ class _Setup:
             )
         confirmed = format_lsn(slot.confirmed_flush or 0)
         self.report(False, f"replication slot {name} ({slot.plugin}) at {confirmed}")
-
-
-def emit_function_sql(prefix: str) -> str:
-    """``sql/004_outbox_emit.sql`` with its message prefix set to ``prefix``."""
-    text = packaged_sql(EMIT_SQL)
-    if _EMIT_PREFIX_LINE not in text:
-        raise SourceSetupError(f"sql/{EMIT_SQL} does not have the expected prefix argument")
-    literal = "'" + prefix.replace("'", "''") + "'"
-    return text.replace(_EMIT_PREFIX_LINE, f"        {literal},\n", 1)
 
 
 def _default_outbox(settings: Settings) -> bool:
@@ -347,15 +339,23 @@ class _DatabaseChecks:
                 f"role {self.user} may not stream the WAL: run ALTER ROLE {self.user} WITH "
                 "REPLICATION"
             )
-        needed = ["SELECT"] + (["DELETE"] if self.settings.sweep_interval > 0 else [])
+        # The relay reads rows through the slot only; the sweeper needs SELECT to find
+        # published rows and DELETE to remove them.
+        needed = ["SELECT", "DELETE"] if self.settings.sweep_interval > 0 else []
         granted: list[str] = []
         for table in self.tables:
-            if _scalar(self.conn, "SELECT to_regclass(%s)", table.table) is None:
+            oid = relation_oid(self.conn, table)
+            if oid is None:
                 continue  # reported by the table check
+            schema = table.schema_and_name[0]
+            if needed and not _scalar(
+                self.conn, "SELECT has_schema_privilege(%s, 'USAGE')", schema
+            ):
+                problems.append(f"run GRANT USAGE ON SCHEMA {sql_name(schema)} TO {self.user}")
             lacking = [
                 p
                 for p in needed
-                if not _scalar(self.conn, "SELECT has_table_privilege(%s, %s)", table.table, p)
+                if not _scalar(self.conn, "SELECT has_table_privilege(%s::oid, %s)", oid, p)
             ]
             if lacking:
                 hint = (
@@ -364,28 +364,28 @@ class _DatabaseChecks:
                     else ""
                 )
                 problems.append(
-                    f"run GRANT {', '.join(lacking)} ON {table.table} TO {self.user}{hint}"
+                    f"run GRANT {', '.join(lacking)} ON {table.sql_name} TO {self.user}{hint}"
                 )
             else:
                 granted.append(table.table)
         if problems:
             raise _Failed("; ".join(problems))
         role = "superuser" if superuser else "REPLICATION"
-        on = f"; {', '.join(needed)} on {', '.join(granted)}" if granted else ""
+        on = f"; {', '.join(needed)} on {', '.join(granted)}" if granted and needed else ""
         return f"{self.user}: {role}{on}"
 
     def table(self, table: OutboxTable) -> str:
         missing = missing_columns(self.conn, table)
         if missing is None:
             raise _Failed(
-                f"does not exist: create it (sql/{OUTBOX_SQL}, or python -m cdc_relay setup "
-                "--create-outbox), or point CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES at "
-                "your table"
+                f"does not exist{missing_table_hint(self.conn, table)}: create it "
+                f"(sql/{OUTBOX_SQL}, or python -m cdc_relay setup --create-outbox), or point "
+                "CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES at your table"
             )
         rows = self.conn.execute(
             "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
-            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-            (table.table,),
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+            (relation_oid(self.conn, table),),
         ).fetchall()
         types = {str(name): str(kind) for name, kind in rows}
         columns = table.columns
@@ -408,7 +408,7 @@ class _DatabaseChecks:
         ):
             problems.append(
                 f"column {columns.id} has no unique index, and the sweeper deletes by id: run "
-                f"CREATE UNIQUE INDEX ON {table.table} ({columns.id}) (or "
+                f"CREATE UNIQUE INDEX ON {table.sql_name} ({columns.id}) (or "
                 "CDC_RELAY_SWEEP_INTERVAL=0)"
             )
         if self.settings.sweep_retention_seconds > 0:
@@ -429,65 +429,59 @@ class _DatabaseChecks:
         )
 
     def state_table(self) -> str:
-        schema = self.settings.state_schema
-        name = f"{schema}.{STATE_TABLE}"
-        if _relation_exists(self.conn, schema, STATE_TABLE):
-            lacking = [
-                p
-                for p in ("SELECT", "INSERT", "UPDATE")
-                if not _scalar(
-                    self.conn,
-                    "SELECT has_table_privilege(%s, %s)",
-                    sql.Identifier(schema, STATE_TABLE).as_string(self.conn),
-                    p,
-                )
-            ]
-            if lacking:
-                raise _Failed(f"run GRANT {', '.join(lacking)} ON {name} TO {self.user}")
+        # Exactly what the relay's start does (PostgresCheckpointStore.ensure_table): no DDL when
+        # the table is complete, the file's DDL when not, which only some roles may run.
+        state = self._store().inspect()
+        if state.exists and not state.missing_columns:
+            if state.lacking_privileges:
+                raise _Failed(state.grant_hint(self.user))
             recorded = self._recorded()
             where = f"recorded position {format_lsn(recorded)}" if recorded else "no record yet"
-            return f"{name}, {where}"
-        schema_exists = _scalar(self.conn, "SELECT to_regnamespace(%s) IS NOT NULL", schema)
-        if schema_exists:
-            allowed = _scalar(self.conn, "SELECT has_schema_privilege(%s, 'CREATE')", schema)
-        else:
-            allowed = _scalar(
-                self.conn, "SELECT has_database_privilege(current_database(), 'CREATE')"
-            )
-        if not allowed:
-            raise _Failed(
-                f"{name} does not exist and {self.user} may not create it: run "
-                "sql/002_cdc_relay_state.sql as an owner (or python -m cdc_relay setup) and "
-                f"GRANT SELECT, INSERT, UPDATE ON {name} TO {self.user}"
-            )
-        return f"{name} does not exist yet; setup or the relay's first start creates it"
+            return f"{state.name}, {where}"
+        if not state.may_create:
+            raise _Failed(state.create_hint(self.user))
+        what = (
+            "lacks column(s) " + ", ".join(state.missing_columns)
+            if state.exists
+            else ("does not exist yet")
+        )
+        return f"{state.name} {what}; setup or the relay's first start creates it"
 
-    def _recorded(self) -> int | None:
-        store = PostgresCheckpointStore(
+    def _store(self) -> PostgresCheckpointStore:
+        return PostgresCheckpointStore(
             self.conn, self.settings.state_schema, self.settings.slot_name
         )
+
+    def _recorded(self) -> int | None:
         try:
-            return store.load()
-        except psycopg.errors.UndefinedTable:
-            return None
+            return self._store().load()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            return None  # reported by the state table check
 
     def publication(self) -> str:
         name = self.settings.publication_name
         wanted = [t.table for t in self.tables]
         create = (
-            f"CREATE PUBLICATION {name} FOR TABLE {', '.join(wanted)} WITH (publish = 'insert')"
+            f"CREATE PUBLICATION {sql_name(name)} FOR TABLE "
+            f"{', '.join(t.sql_name for t in self.tables)} WITH (publish = 'insert')"
         )
         row = self.conn.execute(
-            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
-            "FROM pg_publication WHERE pubname = %s",
+            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, "
+            "pg_get_userbyid(pubowner) FROM pg_publication WHERE pubname = %s",
             (name,),
         ).fetchone()
         if row is None:
+            if self._may_create_publication():
+                raise _Failed(
+                    f"{name} does not exist: run python -m cdc_relay setup (the relay also "
+                    f"creates it when it starts), or as the tables' owner: {create}"
+                )
             raise _Failed(
-                f"{name} does not exist: run python -m cdc_relay setup, or as the tables' owner: "
-                f"{create}"
+                f"{name} does not exist, and {self.user} may not create it (that needs CREATE "
+                f"on the database and ownership of the tables): as the tables' owner run {create}"
             )
-        all_tables, insert, update, delete, truncate = (bool(v) for v in row)
+        *flags, owner = row
+        all_tables, insert, update, delete, truncate = (bool(v) for v in flags)
         if all_tables:
             raise _Failed(
                 f"{name} publishes ALL TABLES, every write of the database would be decoded: "
@@ -522,7 +516,21 @@ class _DatabaseChecks:
             )
         if problems:
             raise _Failed(f"{name}: " + "; ".join(problems))
-        return f"{name} publishes inserts of {', '.join(wanted)} only"
+        return f"{name} (owner {owner}) publishes inserts of {', '.join(wanted)} only"
+
+    def _may_create_publication(self) -> bool:
+        if not _scalar(self.conn, "SELECT has_database_privilege(current_database(), 'CREATE')"):
+            return False
+        for table in self.tables:
+            oid = relation_oid(self.conn, table)
+            owned = oid is not None and _scalar(
+                self.conn,
+                "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = %s",
+                oid,
+            )
+            if not owned:
+                return False
+        return True
 
     def slot(self) -> str:
         settings = self.settings
@@ -672,6 +680,17 @@ def _topics(settings: Settings, metadata: Any) -> str:
     for template in sorted(templates):
         if not any(name for _, name, _, _ in string.Formatter().parse(template)):
             wanted.append(("topic", template))  # a fixed topic name, no per-row fields
+    allowlist = settings.topic_allowlist
+    refused = [
+        topic
+        for role, topic in wanted
+        if role == "topic" and allowlist is not None and not re.fullmatch(allowlist, topic)
+    ]
+    if refused:
+        raise _Failed(
+            f"topic {', '.join(refused)} does not match CDC_RELAY_TOPIC_ALLOWLIST: every event "
+            "would be refused; fix the template or the allow-list"
+        )
     present: list[str] = []
     absent: list[str] = []
     for role, topic in wanted:

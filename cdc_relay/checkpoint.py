@@ -11,17 +11,64 @@ may never have been relayed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import psycopg
 from psycopg import sql
 
+from cdc_relay.config import sql_name
+from cdc_relay.ddl import ROLE_SQL, STATE_SQL, state_table_ddl
 from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 
 STATE_TABLE = "slot_position"
+STATE_COLUMNS = ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid")
+STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
+
+
+@dataclass(frozen=True)
+class StateTable:
+    """The state table as this role finds it (see :meth:`PostgresCheckpointStore.inspect`)."""
+
+    name: str
+    exists: bool
+    missing_columns: tuple[str, ...]  # of a table that exists
+    lacking_privileges: tuple[str, ...]  # USAGE (on the schema), SELECT, INSERT, UPDATE
+    may_create: bool  # this role may run sql/002_cdc_relay_state.sql
+
+    def grant_hint(self, user: str) -> str:
+        grants = []
+        if "USAGE" in self.lacking_privileges:
+            grants.append(f"GRANT USAGE ON SCHEMA {sql_name(self.schema)} TO {user}")
+        table = [p for p in self.lacking_privileges if p != "USAGE"]
+        if table:
+            grants.append(f"GRANT {', '.join(table)} ON {self.sql_name} TO {user}")
+        return f"{user} may not use the relay's state table {self.name}: run {'; '.join(grants)}"
+
+    def create_hint(self, user: str) -> str:
+        what = (
+            f"lacks column(s) {', '.join(self.missing_columns)}"
+            if self.exists
+            else "does not exist"
+        )
+        return (
+            f"the relay's state table {self.name} {what}, and {user} may not create it: run "
+            f"sql/{STATE_SQL} as an owner (or python -m cdc_relay setup as one), then GRANT "
+            f"USAGE ON SCHEMA {sql_name(self.schema)} TO {user}; GRANT SELECT, INSERT, UPDATE "
+            f"ON {self.sql_name} TO {user} (sql/{ROLE_SQL}); or set CDC_RELAY_STATE_SCHEMA to "
+            f"a schema {user} may create tables in"
+        )
+
+    @property
+    def schema(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+    @property
+    def sql_name(self) -> str:
+        return sql_name(self.schema, STATE_TABLE)
 
 
 class CheckpointStore(Protocol):
@@ -43,26 +90,65 @@ class PostgresCheckpointStore:
         self._schema = schema
         self._slot = slot_name
 
-    def ensure_table(self) -> None:
-        statements = [
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema)),
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (slot_name text PRIMARY KEY, "
-                "confirmed_lsn pg_lsn NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
-            ).format(self._table),
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS sweep_from_xid xid8").format(
-                self._table
-            ),
-        ]
+    def inspect(self) -> StateTable:
+        """What the catalogs say about the state table, for this role; reads, never writes."""
+        row = self._conn.execute(
+            "SELECT n.oid IS NOT NULL, c.oid IS NOT NULL, "
+            "n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'USAGE'), "
+            "n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'CREATE'), "
+            "c.oid IS NOT NULL AND pg_has_role(c.relowner, 'USAGE'), "
+            "has_database_privilege(current_database(), 'CREATE'), "
+            "coalesce((SELECT array_agg(a.attname::text) FROM pg_attribute a "
+            "  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'), "
+            "coalesce((SELECT array_agg(p) FROM unnest(%s::text[]) p "
+            "  WHERE c.oid IS NULL OR NOT has_table_privilege(c.oid, p)), '{}') "
+            "FROM (SELECT 1) one "
+            "LEFT JOIN pg_namespace n ON n.nspname = %s "
+            "LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = %s",
+            (list(STATE_PRIVILEGES), self._schema, STATE_TABLE),
+        ).fetchone()
+        assert row is not None
+        schema_exists, exists, usage, schema_create, owner, db_create, columns, lacking = row
+        present = set(columns) if isinstance(columns, list) else set()
+        lacking_privileges = list(lacking) if isinstance(lacking, list) and exists else []
+        if schema_exists and not usage:
+            lacking_privileges.insert(0, "USAGE")
+        # The file's statements check privileges before existence: CREATE SCHEMA IF NOT EXISTS
+        # needs CREATE on the database, CREATE TABLE on the schema, ALTER TABLE ownership.
+        may_create = bool(
+            db_create and (not schema_exists or schema_create) and (not exists or owner)
+        )
+        return StateTable(
+            name=f"{self._schema}.{STATE_TABLE}",
+            exists=bool(exists),
+            missing_columns=tuple(c for c in STATE_COLUMNS if exists and c not in present),
+            lacking_privileges=tuple(str(p) for p in lacking_privileges),
+            may_create=may_create,
+        )
+
+    def ensure_table(self) -> bool:
+        """Create (or complete) the state table when it is not usable as it is; True if it ran
+        the DDL. No DDL at all when the table is complete: a role granted only SELECT, INSERT
+        and UPDATE on it (and USAGE on its schema) runs the relay."""
+        state = self.inspect()
+        if state.exists and not state.missing_columns:
+            if state.lacking_privileges:
+                raise SourceSetupError(state.grant_hint(self._user()))
+            return False
+        if not state.may_create:
+            raise SourceSetupError(state.create_hint(self._user()))
         try:
-            for statement in statements:
-                self._conn.execute(statement)
+            self._conn.execute(state_table_ddl(self._schema))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SourceSetupError(
-                f"cannot create the relay's state table {self._schema}.{STATE_TABLE}: "
-                f"{exc.diag.message_primary}. Run sql/002_cdc_relay_state.sql as an "
-                "owner, or set CDC_RELAY_STATE_SCHEMA to a schema this user may write"
+                f"cannot create the relay's state table {state.name}: "
+                f"{exc.diag.message_primary}. {state.create_hint(self._user())}"
             ) from None
+        return True
+
+    def _user(self) -> str:
+        row = self._conn.execute("SELECT current_user").fetchone()
+        return str(row[0]) if row else "the relay's role"
 
     def load(self) -> int | None:
         query = sql.SQL("SELECT confirmed_lsn::text FROM {} WHERE slot_name = %s").format(

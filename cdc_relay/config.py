@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
+from psycopg import sql
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -29,6 +30,7 @@ _URI_SCHEME = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
 # libpq key/value syntax: a single-quoted value may contain \' and \\ escapes.
 _CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")  # needs no quotes in SQL (keywords aside)
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 # Producer properties the relay's guarantees rest on; a user cannot override them.
@@ -62,13 +64,26 @@ class LogFormat(StrEnum):
 
 
 def qualify_table(value: str) -> str:
-    """``outbox`` -> ``public.outbox``; both parts must be plain identifiers."""
+    """``outbox`` -> ``public.outbox``; both parts must be plain identifiers.
+
+    Names are taken literally, as the catalog spells them (no case folding): ``public.Outbox`` is
+    the table created as ``"Outbox"``; ``public.OUTBOX`` is not ``public.outbox``.
+    """
     parts = value.split(".")
     if len(parts) == 1:
         parts = ["public", *parts]
     if len(parts) != 2 or not all(_IDENTIFIER.match(p) for p in parts):
         raise ValueError("expected schema.table made of plain identifiers")
     return ".".join(parts)
+
+
+def sql_name(*parts: str) -> str:
+    """A (qualified) name as SQL text for messages that suggest a statement: quoted where needed
+    (``public."Outbox"``). Statements the relay runs use :class:`psycopg.sql.Identifier`."""
+    return ".".join(
+        part if _LOWER_IDENTIFIER.match(part) else sql.Identifier(part).as_string(None)
+        for part in parts
+    )
 
 
 class OutboxColumns(BaseModel):
@@ -136,6 +151,11 @@ class OutboxTable(BaseModel):
     def schema_and_name(self) -> tuple[str, str]:
         schema, name = self.table.split(".")
         return schema, name
+
+    @property
+    def sql_name(self) -> str:
+        """The name as SQL text, for messages that suggest a statement."""
+        return sql_name(*self.schema_and_name)
 
 
 def check_topic_template(value: str) -> str:
@@ -282,6 +302,32 @@ class Settings(BaseSettings):
     )
     log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    topic_allowlist: str | None = Field(
+        None,
+        description=(
+            "Regular expression every event's topic must match in full (topics come from rows "
+            "through the template or a topic column); others are refused like an invalid topic "
+            "(dead-letter or stop). Unset: any legal topic name."
+        ),
+    )
+    max_created_topics: int = Field(
+        100,
+        ge=0,
+        description=(
+            "Topics the relay creates for events (CDC_RELAY_MISSING_TOPICS=create) before it "
+            "refuses records for further new topics, per process; 0: it creates none."
+        ),
+    )
+
+    @field_validator("topic_allowlist")
+    @classmethod
+    def _allowlist(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value
 
     @field_validator("outbox_table")
     @classmethod

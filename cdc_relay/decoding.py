@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from psycopg import sql
+
 from cdc_relay.config import Plugin, Settings
 from cdc_relay.pgoutput import PgOutputDecoder, PgOutputMessage
 from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
@@ -28,7 +30,7 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
         )
     return {
         "proto_version": PGOUTPUT_PROTO_VERSION,
-        "publication_names": f'"{settings.publication_name}"',
+        "publication_names": sql.Identifier(settings.publication_name).as_string(None),
         "messages": "true",  # the table-less outbox (pg_logical_emit_message)
     }
 

@@ -17,7 +17,6 @@ The command line parser lives in :mod:`cdc_relay.cli`; this module is imported o
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import importlib.util
 import signal
 import socket
@@ -33,6 +32,7 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from cdc_relay.config import Settings
+from cdc_relay.ddl import OUTBOX_SQL, packaged_sql
 from cdc_relay.demo_writer import AGGREGATE_TYPE, run_writer
 from cdc_relay.errors import RelayError
 from cdc_relay.local import LocalBroker, LocalPostgres
@@ -43,7 +43,6 @@ from cdc_relay.relay import Relay
 TOPIC = f"outbox.event.{AGGREGATE_TYPE}"  # the default CDC_RELAY_TOPIC_TEMPLATE, applied
 PARTITIONS = 3
 DATABASE = "demo"
-OUTBOX_SQL = "001_outbox.sql"
 DEFAULT_RATE = 20.0
 SLOT_TIMEOUT = 60.0  # the relay creates its slot within this after start
 STALL_TIMEOUT = 60.0  # no event delivered for this long while some are expected: give up
@@ -66,11 +65,6 @@ POSTGRES_MISSING = (
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-
-
-def packaged_sql(name: str) -> str:
-    """The DDL file ``name`` shipped inside the package (``cdc_relay/sql/``)."""
-    return (importlib.resources.files("cdc_relay") / "sql" / name).read_text("utf-8")
 
 
 def broker_installed() -> bool:

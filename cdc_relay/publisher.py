@@ -266,12 +266,20 @@ class Publisher:
         self._admin = None
 
     def ensure_topic(
-        self, topic: str, create: bool, partitions: int, replication_factor: int
-    ) -> None:
+        self,
+        topic: str,
+        create: bool,
+        partitions: int,
+        replication_factor: int,
+        may_create: Callable[[], None] | None = None,
+    ) -> bool:
         """Make sure ``topic`` exists, creating it when allowed; never a broker auto-create.
+        True when it was created. Blocks (metadata, CreateTopics): the relay calls it off its
+        streaming loop.
 
-        ProduceRefused (permanent) when it is missing and may not be created, or cannot be
-        (an invalid name); SinkUnavailable when the cluster does not answer.
+        ProduceRefused (permanent) when it is missing and may not be created (``may_create``
+        raises it too), or cannot be (an invalid name); SinkUnavailable when the cluster does not
+        answer.
         """
         if not LEGAL_TOPIC.match(topic) or topic in (".", ".."):
             # Checked here rather than trusted to the broker: not every Kafka-protocol broker
@@ -286,12 +294,14 @@ class Publisher:
             raise SinkUnavailable(f"cannot read Kafka metadata: {exc}") from None
         found = metadata.topics.get(topic)
         if found is not None and found.error is None:
-            return
+            return False
         if not create:
             raise ProduceRefused(
                 KafkaError.UNKNOWN_TOPIC_OR_PART,
                 f"topic {topic!r} does not exist and CDC_RELAY_MISSING_TOPICS=fail: create it",
             )
+        if may_create is not None:
+            may_create()
         if self._admin is None:
             # Kept for the producer's lifetime: destroying a client waits for its requests.
             self._admin = AdminClient(dict(admin_config(self._config)))
@@ -306,7 +316,7 @@ class Publisher:
             if not isinstance(error, KafkaError):
                 raise SinkUnavailable(f"cannot create topic {topic!r}: {exc}") from None
             if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                return
+                return False
             if error.code() in PERMANENT_ERRORS or error.code() == KafkaError.INVALID_PARTITIONS:
                 raise ProduceRefused(
                     error.code(), f"cannot create topic {topic!r}: {error.str()}"
@@ -316,6 +326,7 @@ class Publisher:
             "created topic",
             extra={"fields": {"topic": topic, "partitions": partitions, "rf": replication_factor}},
         )
+        return True
 
     def probe(self, timeout: float) -> None:
         """Ask a broker for metadata; raises SinkUnavailable when none answers in time."""

@@ -11,12 +11,17 @@ unconfirmed tail at most, never a lost event.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
@@ -79,6 +84,7 @@ from cdc_relay.sweeper import Sweeper
 from cdc_relay.watermark import PendingTransaction, Watermark
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
@@ -117,6 +123,9 @@ class Relay:
         self._fatal: RelayError | None = None
         self._confirmed: int | None = None  # acknowledged position carried across sessions
         self._publisher: Publisher | None = None
+        allowlist = settings.topic_allowlist
+        self.topic_allowlist = re.compile(allowlist) if allowlist is not None else None
+        self.created_topics: set[str] = set()  # event topics this process created
 
     def request_stop(self) -> None:
         """Safe from a signal handler: the loop notices within one read timeout."""
@@ -345,6 +354,7 @@ class _Session:
         self.last_heartbeat = now
         self.last_housekeeping = now
         self.progress = _Progress(start, relay.stats.published)
+        self.stop_deadline: float | None = None  # set when a stop finds a transaction open
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -361,7 +371,7 @@ class _Session:
         callback_table = ""
         counter = 0
         while True:
-            if relay.stopping:
+            if relay.stopping and (txn is None or self.stop_now()):
                 raise _Stopping
             data = read()
             if data is None:
@@ -576,7 +586,7 @@ class _Session:
         log.error("poison record sent to the dead-letter topic", extra={"fields": fields})
         if settings.dead_letter_topic not in self.known_topics:
             try:
-                self.ensure_topic(settings.dead_letter_topic)
+                self.ensure_topic(settings.dead_letter_topic, event=False)
             except ProduceRefused as exc:
                 self.relay.fail(
                     ConfigError(
@@ -605,16 +615,58 @@ class _Session:
                     f"{exc.reason}"
                 ) from None
 
-    def ensure_topic(self, topic: str) -> None:
-        """First use of ``topic`` in this session: it must exist (created if the policy says)."""
+    def ensure_topic(self, topic: str, event: bool = True) -> None:
+        """First use of ``topic`` in this session: it must exist (created if the policy says).
+
+        An event's topic (``event``; not the dead-letter topic) is chosen by a row, so by any
+        writer: it must match CDC_RELAY_TOPIC_ALLOWLIST, and creating it counts against
+        CDC_RELAY_MAX_CREATED_TOPICS. Metadata and creation run on a helper thread; meanwhile
+        the loop serves deliveries, confirmations, the server's keepalives and a stop, but reads
+        no further: the records after this one wait (keeping their order).
+        """
         settings = self.settings
-        self.publisher.ensure_topic(
-            topic,
-            settings.missing_topics is MissingTopics.CREATE,
-            settings.topic_partitions,
-            settings.topic_replication_factor,
+        relay = self.relay
+        allowlist = relay.topic_allowlist
+        if event and allowlist is not None and not allowlist.fullmatch(topic):
+            raise ProduceRefused(
+                KafkaError.POLICY_VIOLATION,
+                f"topic {topic!r} is not allowed by CDC_RELAY_TOPIC_ALLOWLIST",
+            )
+        limit = settings.max_created_topics
+
+        def may_create() -> None:
+            if event and len(relay.created_topics) >= limit:
+                raise ProduceRefused(
+                    KafkaError.POLICY_VIOLATION,
+                    f"topic {topic!r} does not exist, and the relay has created the "
+                    f"{limit} topics CDC_RELAY_MAX_CREATED_TOPICS allows: create it yourself, or "
+                    "raise the limit",
+                )
+
+        created = self.wait_for(
+            _in_background(
+                self.publisher.ensure_topic,
+                topic,
+                settings.missing_topics is MissingTopics.CREATE,
+                settings.topic_partitions,
+                settings.topic_replication_factor,
+                may_create,
+            )
         )
+        if created and event:
+            relay.created_topics.add(topic)
         self.known_topics.add(topic)
+
+    def wait_for(self, future: Future[_T]) -> _T:
+        """The result of work done off the loop, serving the loop's duties meanwhile."""
+        while True:
+            try:
+                return future.result(timeout=READ_TIMEOUT)
+            except FutureTimeout:
+                pass
+            self.housekeeping()
+            if self.relay.stopping and self.stop_now():
+                raise _Stopping
 
     def handle_failures(self) -> None:
         for failure in self.tracker.take_failures():
@@ -636,8 +688,24 @@ class _Session:
         self.publisher.poll(0.05)
         self.handle_failures()
         self.housekeeping()
-        if self.relay.stopping:
+        if self.relay.stopping and self.stop_now():
             raise _Stopping
+
+    def stop_now(self) -> bool:
+        """A stop was requested inside a transaction: stop at once, or read on to its Commit?
+
+        Reading on lets the stop confirm the whole transaction, so that a restart re-sends none
+        of it. Bounded: past CDC_RELAY_SHUTDOWN_TIMEOUT (counted from the request) the relay stops
+        anyway, leaving the transaction unconfirmed. A failure (e.g. the poison policy stop)
+        stops at once.
+        """
+        if self.relay._fatal is not None:
+            return True
+        now = time.monotonic()
+        if self.stop_deadline is None:
+            self.stop_deadline = now + self.settings.shutdown_timeout
+            log.info("stop requested: reading on to the end of the transaction")
+        return now >= self.stop_deadline
 
     # -- periodic work -----------------------------------------------------------------------
 
@@ -722,7 +790,7 @@ class _Session:
 
     def drain(self) -> None:
         """Wait (bounded by the shutdown timeout) until the producer has nothing in flight."""
-        deadline = time.monotonic() + self.settings.shutdown_timeout
+        deadline = self.stop_deadline or time.monotonic() + self.settings.shutdown_timeout
         publisher = self.publisher
         try:
             while publisher.in_flight() > 0 and time.monotonic() < deadline:
@@ -754,6 +822,20 @@ class _Session:
                 }
             },
         )
+
+
+def _in_background(work: Callable[..., _T], *args: Any) -> Future[_T]:
+    """Run ``work`` on a daemon thread (one that never delays the process's exit)."""
+    future: Future[_T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work(*args))
+        except BaseException as exc:  # handed to the waiting loop, which re-raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="cdc-relay-topic", daemon=True).start()
+    return future
 
 
 def _traced(  # noqa: PLR0917 - the delivery callback's shape, four of them bound by partial

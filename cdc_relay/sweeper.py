@@ -42,7 +42,7 @@ from cdc_relay.config import OutboxTable, Settings, env_name
 from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
-from cdc_relay.replication.source import connect
+from cdc_relay.replication.source import connect, relation_oid
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +177,9 @@ def has_unique_id(conn: Connection, table: OutboxTable) -> bool:
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a "
         "ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
-        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indnkeyatts = 1 "
+        "WHERE i.indrelid = %s AND i.indisunique AND i.indnkeyatts = 1 "
         "AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = %s)",
-        (table.table, table.columns.id),
+        (relation_oid(conn, table), table.columns.id),
     ).fetchone()
     return bool(row and row[0])
 
@@ -325,7 +325,8 @@ class Sweeper:
                 state.queue.clear()
                 result.errors[table] = (
                     f"column {state.table.columns.id} has no unique index, so an id may not name "
-                    f"one row: CREATE UNIQUE INDEX ON {table} ({state.table.columns.id})"
+                    f"one row: CREATE UNIQUE INDEX ON {state.table.sql_name} "
+                    f"({state.table.columns.id})"
                 )
                 continue
             if self._stopping():
@@ -407,8 +408,8 @@ class Sweeper:
             after = ids[-1]
         # Capped: estimate what is left for later passes (statistics, may lag).
         row = conn.execute(
-            "SELECT greatest(n_live_tup, 0) FROM pg_stat_user_tables WHERE relid = %s::regclass",
-            (table.table,),
+            "SELECT greatest(n_live_tup, 0) FROM pg_stat_user_tables WHERE relid = %s",
+            (relation_oid(conn, table),),
         ).fetchone()
         live = int(str(row[0])) if row and row[0] is not None else 0
         state.unselected = max(live - state.queue.rows, 0)
@@ -501,7 +502,7 @@ class Sweeper:
                 f'("created_at" in {env_name("outbox_columns")})'
             )
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-            return f"{detail}: GRANT SELECT, DELETE ON {table.table} TO the relay's user"
+            return f"{detail}: GRANT SELECT, DELETE ON {table.sql_name} TO the relay's user"
         return detail
 
     def _log(self, result: SweepResult) -> None:

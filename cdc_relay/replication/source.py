@@ -88,7 +88,8 @@ class SourceDatabase:
             missing = missing_columns(self._conn, table)
             if missing is None:
                 raise SourceSetupError(
-                    f"outbox table {table.table} does not exist: create it with "
+                    f"outbox table {table.table} does not exist"
+                    f"{missing_table_hint(self._conn, table)}: create it with "
                     "sql/001_outbox.sql (or set CDC_RELAY_OUTBOX_TABLE)"
                 )
             if missing:
@@ -99,7 +100,7 @@ class SourceDatabase:
 
     def ensure_publication(self) -> bool:
         """Create the insert-only publication of the outbox tables if missing. True if created."""
-        names = ", ".join(t.table for t in self._tables)
+        names = ", ".join(t.sql_name for t in self._tables)
         exists = self._scalar(
             "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
         )
@@ -136,7 +137,7 @@ class SourceDatabase:
                 raise SourceSetupError(
                     f"publication {self._publication} exists but does not include "
                     f"{table.table}: run ALTER PUBLICATION {self._publication} ADD TABLE "
-                    f"{table.table}"
+                    f"{table.sql_name}"
                 )
         return False
 
@@ -216,16 +217,47 @@ def retained_wal(conn: psycopg.Connection[tuple[object, ...]], slot_name: str) -
     return int(str(row[0])) if row and row[0] is not None else None
 
 
+def relation_oid(conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable) -> int | None:
+    """The oid of ``table``, its schema and name matched exactly as configured.
+
+    Names in settings are identifiers taken literally (as pgoutput reports them and as the DDL
+    quotes them): ``public.Outbox`` is the table created as ``"Outbox"``, never ``outbox``.
+    """
+    schema, name = table.schema_and_name
+    row = conn.execute(
+        "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        (schema, name),
+    ).fetchone()
+    return int(str(row[0])) if row else None
+
+
+def missing_table_hint(conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable) -> str:
+    """For a table that does not exist: the one that differs only in case, if any."""
+    schema, name = table.schema_and_name
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE lower(n.nspname) = lower(%s) "
+        "AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p') ORDER BY 1, 2 LIMIT 1",
+        (schema, name),
+    ).fetchall()
+    if not rows:
+        return ""
+    return (
+        f" (names are case-sensitive and taken as written: did you mean {rows[0][0]}.{rows[0][1]}?)"
+    )
+
+
 def missing_columns(
     conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable
 ) -> list[str] | None:
     """The mapped columns ``table`` lacks, or None when the table does not exist."""
-    if conn.execute("SELECT to_regclass(%s)", (table.table,)).fetchone() in (None, (None,)):
+    oid = relation_oid(conn, table)
+    if oid is None:
         return None
     rows = conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
-        "AND attnum > 0 AND NOT attisdropped",
-        (table.table,),
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (oid,),
     ).fetchall()
     present = {str(r[0]) for r in rows}
     columns = table.columns

@@ -11,7 +11,7 @@ import select
 import time
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
@@ -71,12 +71,15 @@ class ReplicationStream:
             message = _text(conn.get_error_message())
             conn.finish()
             _raise_for_connect(message)
-        # Option names quoted as identifiers (wal2json's have dashes), values as literals.
+        # A replication command, not SQL: names are quoted identifiers (psycopg's Identifier;
+        # wal2json's options have dashes), but the walsender's grammar knows only plain '...'
+        # strings with '' for a quote — no E'' strings, which sql.Literal may produce.
         options = ", ".join(
-            f"\"{k}\" '{v.replace(chr(39), chr(39) * 2)}'" for k, v in self._options.items()
+            f"{sql.Identifier(k).as_string(None)} '{v.replace(chr(39), chr(39) * 2)}'"
+            for k, v in self._options.items()
         )
         command = (
-            f'START_REPLICATION SLOT "{self._slot_name}" LOGICAL '
+            f"START_REPLICATION SLOT {sql.Identifier(self._slot_name).as_string(None)} LOGICAL "
             f"{format_lsn(self._start_lsn)} ({options})"
         )
         conn.send_query(command.encode())

@@ -232,8 +232,9 @@ def test_check_fails_without_a_publication(database: str, env: dict[str, str]) -
     publication = env["CDC_RELAY_PUBLICATION_NAME"]
     assert set(failed(result)) == {"publication"}, result.stdout
     assert failed(result)["publication"] == (
-        f"FAIL publication: {publication} does not exist: run python -m cdc_relay setup, or as "
-        f"the tables' owner: CREATE PUBLICATION {publication} FOR TABLE public.outbox WITH "
+        f"FAIL publication: {publication} does not exist: run python -m cdc_relay setup (the "
+        "relay also creates it when it starts), or as the tables' owner: CREATE PUBLICATION "
+        f"{publication} FOR TABLE public.outbox WITH "
         "(publish = 'insert')"
     )
 

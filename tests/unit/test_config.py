@@ -508,3 +508,40 @@ def test_redact_url_conninfo_with_escaped_quote_in_password() -> None:
 def test_redact_url_conninfo_with_scheme_like_password() -> None:
     redacted = redact_url("host=db password=ab://hunter2 user=relay")
     assert "hunter2" not in redacted
+
+
+# -- names taken literally; topics chosen by rows ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "env"),
+    [
+        ("topic_allowlist", "outbox.(order", "CDC_RELAY_TOPIC_ALLOWLIST"),
+        ("max_created_topics", "-1", "CDC_RELAY_MAX_CREATED_TOPICS"),
+    ],
+)
+def test_invalid_topic_limits_name_the_variable(field: str, value: str, env: str) -> None:
+    message = config_error(**{**REQUIRED, field: value})
+    assert message.startswith(f"invalid configuration: {env}: ")
+
+
+def test_topic_limits_defaults() -> None:
+    settings = load_settings(**REQUIRED)
+    assert settings.topic_allowlist is None
+    assert settings.max_created_topics == 100
+
+
+@pytest.mark.parametrize(
+    ("table", "sql_text"),
+    [
+        ("public.outbox", "public.outbox"),
+        ("Sales.Outbox", '"Sales"."Outbox"'),
+        ("public.LOWER_OB", 'public."LOWER_OB"'),
+        ("app.out$box", "app.out$box"),
+    ],
+)
+def test_table_names_are_taken_literally(table: str, sql_text: str) -> None:
+    settings = load_settings(**REQUIRED, outbox_table=table)
+    (only,) = settings.tables()
+    assert only.table == table, "no case folding"
+    assert only.sql_name == sql_text

@@ -1,0 +1,30 @@
+-- The relay's own role, with the least it needs. Run as a superuser, after 001-003 (they create
+-- the outbox table, the state table and the publication, owned by whoever ran them), then give
+-- the role a password: \password relay. Idempotent.
+--
+-- REPLICATION is the one strong privilege here: it lets the role create logical replication
+-- slots and stream the WAL of *every* table of the database (not only the outbox) through any
+-- slot or publication it can create or use, and a slot it creates keeps WAL on the server until
+-- it is dropped. Treat the role's credentials like those of an owner of the data.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'relay') THEN
+        CREATE ROLE relay;
+    END IF;
+END
+$$;
+ALTER ROLE relay WITH LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS;
+
+-- The outbox: SELECT (the relay checks it at start; the sweeper finds published rows) and DELETE
+-- (the sweeper removes them; leave DELETE out with CDC_RELAY_SWEEP_INTERVAL=0).
+GRANT USAGE ON SCHEMA public TO relay;
+GRANT SELECT, DELETE ON public.outbox TO relay;
+
+-- The relay's record of its confirmed position (sql/002_cdc_relay_state.sql).
+GRANT USAGE ON SCHEMA cdc_relay TO relay;
+GRANT SELECT, INSERT, UPDATE ON cdc_relay.slot_position TO relay;
+
+-- Not granted, because not needed: CREATE on the database or any schema (no DDL at start when
+-- the objects above exist), ownership of the outbox (only to create the publication, which
+-- sql/003_publication.sql does as the owner). CONNECT on the database comes from PUBLIC; if you
+-- revoked that: GRANT CONNECT ON DATABASE <your database> TO relay.

@@ -1,0 +1,165 @@
+"""The documented least-privilege setup, proven: ``sql/001``-``003`` run by the outbox's owner,
+``sql/005_relay_role.sql`` by a superuser, then relay, sweeper and ``check`` run as that
+non-superuser role — which may not run any DDL — with the publication owned by another role."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from cdc_relay.ddl import ROLE_SQL, STATE_SQL, packaged_sql
+from tests.conftest import KafkaBroker
+from tests.integration.relay_support import (
+    OUTBOX_DDL,
+    RelayProcess,
+    new_event,
+    relay_env,
+    scalar,
+    wait_until,
+    write_transactions,
+)
+from tests.integration.test_admin import cdc_relay, failed, lines_of
+from tests.kafka_helpers import consume_all
+
+pytestmark = pytest.mark.integration
+
+ROLE = "relay"  # as sql/005_relay_role.sql names it
+PASSWORD = "relay-test-password"
+PUBLICATION_SQL = "003_publication.sql"
+PUBLICATION = "cdc_relay_outbox"  # as sql/003_publication.sql names it
+
+
+def _as_role(url: str, user: str, password: str) -> str:
+    params = conninfo_to_dict(url)
+    params.update(user=user, password=password)
+    return make_conninfo("", **params)
+
+
+@pytest.fixture
+def least_privilege(database: str, unique: str) -> Iterator[tuple[str, str]]:
+    """The database set up as the README says; yields (the relay role's URL, the owner role)."""
+    owner = f"owner_{unique}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        name = conn.info.dbname
+        conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(owner)))
+        # The owner may create schema objects and publications in this database.
+        conn.execute(
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                sql.Identifier(name), sql.Identifier(owner)
+            )
+        )
+        conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(owner)))
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+        conn.execute(OUTBOX_DDL.encode())  # our own trusted files, run as an operator would
+        conn.execute(packaged_sql(STATE_SQL).encode())
+        conn.execute(packaged_sql(PUBLICATION_SQL).encode())
+        conn.execute("RESET ROLE")
+        conn.execute(packaged_sql(ROLE_SQL).encode())  # as a superuser
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(ROLE), sql.Literal(PASSWORD))
+        )
+        attributes = conn.execute(
+            "SELECT rolsuper, rolreplication, rolcreatedb, rolcreaterole FROM pg_roles "
+            "WHERE rolname = %s",
+            (ROLE,),
+        ).fetchone()
+        assert attributes == (False, True, False, False)
+        owners = conn.execute(
+            "SELECT (SELECT pg_get_userbyid(pubowner) FROM pg_publication WHERE pubname = %s), "
+            "(SELECT pg_get_userbyid(relowner) FROM pg_class "
+            "WHERE oid = 'public.outbox'::regclass)",
+            (PUBLICATION,),
+        ).fetchone()
+        assert owners == (owner, owner)
+    try:
+        yield _as_role(database, ROLE, PASSWORD), owner
+    finally:
+        with psycopg.connect(database, autocommit=True) as conn:
+            # The role is the cluster's: take its privileges in this database back, drop the owner.
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(ROLE)))
+            conn.execute(
+                sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(owner))
+            )
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(owner)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(owner)))
+
+
+def test_relay_and_sweeper_run_as_the_documented_role(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    relay_url, _owner = least_privilege
+    env = relay_env(
+        relay_url,
+        broker.bootstrap_servers,
+        unique,
+        publication_name=PUBLICATION,
+        sweep_interval="0.2",
+        confirm_interval="0.2",
+        idle_confirm_interval="0.3",
+        heartbeat_interval="0.2",
+    )
+    with (
+        psycopg.connect(relay_url, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("CREATE SCHEMA IF NOT EXISTS cdc_relay")  # the role may do no DDL
+
+    result = cdc_relay(env, "check")
+    lines = lines_of(result)
+    assert not failed(result), result.stdout
+    assert result.returncode == 0
+    assert "REPLICATION; SELECT, DELETE on public.outbox" in lines["privileges"]
+    assert lines["state table"].startswith("ok   state table: cdc_relay.slot_position")
+    assert f"(owner owner_{unique})" in lines["publication"]
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        events = [new_event("order", f"o-{i % 3}", "created", {"n": i}) for i in range(20)]
+        write_transactions(database, [events[:10], events[10:]])  # as the writer, not the relay
+        records = consume_all(broker.bootstrap_servers, f"{unique}.order", len(events), 30)
+        wait_until(
+            lambda: scalar(database, "SELECT count(*) FROM outbox") == 0,
+            30,
+            "the sweeper, as the relay's role, deleted the published rows",
+        )
+    finally:
+        code = relay.stop()
+        relay.close()
+    assert code == 0, relay.logs()
+    assert sorted(r.header("id") or b"" for r in records) == sorted(e.id.encode() for e in events)
+    assert "swept published outbox rows" in relay.logs()
+    assert "sweep failed" not in relay.logs()
+
+
+def test_check_names_each_missing_grant(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    relay_url, _owner = least_privilege
+    env = relay_env(
+        relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,
+        sweep_interval="5",
+    )  # fmt: skip
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("REVOKE DELETE ON public.outbox FROM relay")
+        conn.execute("REVOKE UPDATE ON cdc_relay.slot_position FROM relay")
+    result = cdc_relay(env, "check")
+    failures = failed(result)
+    assert result.returncode == 1
+    assert (
+        "GRANT DELETE ON public.outbox TO relay (DELETE: for the sweeper" in failures["privileges"]
+    )
+    assert "GRANT UPDATE ON cdc_relay.slot_position TO relay" in failures["state table"]
+
+    # run agrees with check: it refuses to start (exit 3) with the same statement.
+    relay = RelayProcess({**env, "CDC_RELAY_SWEEP_INTERVAL": "0"}).start()
+    try:
+        exit_code = relay.wait(60)
+    finally:
+        relay.close()
+    assert exit_code == 3, relay.logs()
+    assert "GRANT UPDATE ON cdc_relay.slot_position TO relay" in relay.logs()
