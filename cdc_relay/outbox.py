@@ -31,7 +31,7 @@ _TOPIC_CACHE_LIMIT = 4096
 # (text, varchar, a domain) is checked to be JSON first. Nested deeper than this is refused.
 _JSON_OIDS = frozenset({3802, 114, 0})
 _BYTEA_OID = 17
-MAX_JSON_DEPTH = 1000
+MAX_JSON_DEPTH = 1024  # what orjson, the fast check, takes
 
 
 class OutboxRecord(NamedTuple):
@@ -129,39 +129,42 @@ class OutboxMapping:
             event_id = raw_id.decode()
         except (AttributeError, IndexError, TypeError, UnicodeDecodeError):
             self._raise_malformed(row)
-        headers: list[tuple[str, bytes]] = [
-            ("id", raw_id),
-            ("event_type", event_type),
-            ("aggregate_type", aggregate_type),
-        ]
-        traceparent = None
-        if self._traceparent is not None or self._span_context is not None:
-            traceparent = self._read_traceparent(row)
-            if traceparent is not None:
-                headers.append(("traceparent", traceparent))
-        if self._headers is not None:
-            extra = row[self._headers]
-            if type(extra) is bytes:
-                headers.extend(_header_entries(extra, event_id))
-        key = aggregate_id
-        topic = None
-        if self._has_overrides:
-            for name, index in self._header_columns:
-                value = row[index]
-                if isinstance(value, bytes):
-                    headers.append((name, value))
-            if self._key is not None:
-                override = row[self._key]
-                if isinstance(override, bytes):
-                    key = override
-            if self._topic_override is not None:
-                override = row[self._topic_override]
-                if isinstance(override, bytes) and override:
-                    topic = _decode(override, self._columns.topic or "", event_id)
-        if topic is None:
-            topic = self._topics.get((aggregate_type, event_type)) or self._topic(
-                aggregate_type, event_type
-            )
+        try:  # free in CPython 3.11+ unless it raises
+            headers: list[tuple[str, bytes]] = [
+                ("id", raw_id),
+                ("event_type", event_type),
+                ("aggregate_type", aggregate_type),
+            ]
+            traceparent = None
+            if self._traceparent is not None or self._span_context is not None:
+                traceparent = self._read_traceparent(row)
+                if traceparent is not None:
+                    headers.append(("traceparent", traceparent))
+            if self._headers is not None:
+                extra = row[self._headers]
+                if type(extra) is bytes:
+                    headers.extend(_header_entries(extra, event_id))
+            key = aggregate_id
+            topic = None
+            if self._has_overrides:
+                for name, index in self._header_columns:
+                    value = row[index]
+                    if isinstance(value, bytes):
+                        headers.append((name, value))
+                if self._key is not None:
+                    override = row[self._key]
+                    if isinstance(override, bytes):
+                        key = override
+                if self._topic_override is not None:
+                    override = row[self._topic_override]
+                    if isinstance(override, bytes) and override:
+                        topic = _decode(override, self._columns.topic or "", event_id)
+            if topic is None:
+                topic = self._topics.get((aggregate_type, event_type)) or self._topic(
+                    aggregate_type, event_type
+                )
+        except IndexError:  # an optional column beyond the row: not a row of this relation
+            raise MalformedEvent("the row has fewer columns than its relation", event_id) from None
         return OutboxRecord(topic, key, payload, headers, event_id, traceparent)
 
     def _raise_malformed(self, row: TupleData) -> NoReturn:
