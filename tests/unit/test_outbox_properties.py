@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_relay.dead_letter import header_name_ok
 from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
 from cdc_relay.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn, Value
+from tests.hostile_values import json_texts
 
 COLUMNS = (
     "id",
@@ -41,35 +41,7 @@ def _relation(payload_type: int, headers_type: int) -> Relation:
     )
 
 
-# JSON texts a hostile writer can store: escapes of lone surrogates and NUL, deep nesting,
-# extreme numbers, duplicate keys, stray bytes.
-_SCALARS = st.one_of(
-    st.just("null"),
-    st.just("true"),
-    st.sampled_from(
-        ["1e400", "-0", "123456789012345678901234567890", "1.10", "-1e-400", "NaN", "Infinity"]
-    ),
-    st.integers().map(str),
-    st.floats(allow_nan=False, allow_infinity=False).map(lambda f: orjson.dumps(f).decode()),
-    st.sampled_from(['"\\ud800"', '"\\udc00x"', '"\\u0000"', '"a\\"b"', '"\\ud83d\\ude80"']),
-    st.text(max_size=20).map(lambda s: orjson.dumps(s).decode()),
-)
-_KEYS = st.one_of(
-    st.sampled_from(['"\\ud800"', '"a\\u0000b"', '""', '"id"', '"cdc_relay.error"']),
-    st.text(max_size=10).map(lambda s: orjson.dumps(s).decode()),
-)
-_JSON_TEXT = st.recursive(
-    _SCALARS,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4).map(lambda items: "[" + ", ".join(items) + "]"),
-        st.lists(st.tuples(_KEYS, inner), max_size=4).map(
-            lambda pairs: "{" + ", ".join(f"{k}: {v}" for k, v in pairs) + "}"
-        ),
-    ),
-    max_leaves=12,
-)
-_DEEP = st.integers(min_value=900, max_value=3000).map(lambda n: '{"k": ' + "[" * n + "]" * n + "}")
-_TEXTS = st.one_of(_JSON_TEXT, _DEEP).map(str.encode)
+_TEXTS = json_texts(json_only=True, invalid=True).map(str.encode)
 _VALUES: st.SearchStrategy[Value] = st.one_of(
     st.none(),
     st.just(UNCHANGED_TOAST),
