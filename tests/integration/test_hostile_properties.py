@@ -36,7 +36,8 @@ from tests.integration.hostile_support import (
 from tests.integration.relay_support import RelayProcess, relay_env, scalar
 from tests.kafka_helpers import Record, _record
 
-pytestmark = pytest.mark.integration
+# Each runs for both output plugins (pgoutput, wal2json): the decoders meet the hostile values too.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 
 OUTCOME_TIMEOUT = 30.0
 
@@ -297,7 +298,6 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
         unique,
         topic_template=events,
         outbox_tables=outbox_tables_setting(),
-        plugin="pgoutput",
     )
     relay = RelayProcess(env).start()
     reader = _Reader(broker.bootstrap_servers, [events, dead_letter])
@@ -389,7 +389,6 @@ def test_under_the_stop_policy_a_hostile_row_is_published_or_stops_cleanly(
             unique,
             topic_template=events,
             outbox_tables=outbox_tables_setting(),
-            plugin="pgoutput",
             slot_name=slot,
             publication_name=f"pub_{unique}",
         )
