@@ -316,12 +316,12 @@ def check_headers(headers: list[tuple[str, bytes]], event_id: str | None) -> Non
     (a lone surrogate) and cuts one at a NUL. Values are bytes, which it takes as they are."""
     for name, _ in headers:
         if "\x00" in name:
-            raise MalformedEvent(f"header name {name!r} contains NUL", event_id)
+            raise MalformedEvent(f"header name {name[:1024]!r} contains NUL", event_id)
         try:
             name.encode()
         except UnicodeEncodeError:
             raise MalformedEvent(
-                f"header name {name!r} is not Unicode (a lone surrogate)", event_id
+                f"header name {name[:1024]!r} is not Unicode (a lone surrogate)", event_id
             ) from None
 
 

@@ -561,11 +561,11 @@ class _Session:
         txn = refused.txn
         commit_lsn = format_lsn(txn.commit_lsn)
         fields = {
-            "event_id": refused.event_id,
+            "event_id": _cut(refused.event_id),
             "table": refused.table,
             "commit_lsn": commit_lsn,
             "topic": refused.topic,
-            "error": refused.reason,
+            "error": _cut(refused.reason),
         }
         trace_id = _trace_id(refused.headers)
         if trace_id:
@@ -576,8 +576,8 @@ class _Session:
             log.error("poison record, stopping (poison policy: stop)", extra={"fields": fields})
             self.relay.fail(
                 PoisonRecordError(
-                    f"Kafka refused event {refused.event_id} of {refused.table} at commit "
-                    f"{commit_lsn} for topic {refused.topic!r}: {refused.reason}. The relay "
+                    f"Kafka refused event {_cut(refused.event_id)} of {refused.table} at commit "
+                    f"{commit_lsn} for topic {refused.topic!r}: {_cut(refused.reason)}. The relay "
                     "stopped without confirming past it (CDC_RELAY_POISON_POLICY=stop)"
                 )
             )
@@ -822,6 +822,11 @@ def _traced(  # noqa: PLR0917 - the delivery callback's shape, four of them boun
     callback(topic, headers, err, msg)
 
 
+def _cut(text: str | None, limit: int = 1024) -> str | None:
+    """A row-supplied text for a log line: a row cannot make the line megabytes long."""
+    return text if text is None or len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def _dead_letter_delivered(
     callback: TransactionCallback,
     topic: str,
@@ -836,7 +841,7 @@ def _dead_letter_delivered(
             "poison record sent to the dead-letter topic",
             extra={
                 "fields": {
-                    "event_id": event_id.decode("utf-8", "replace"),
+                    "event_id": _cut(event_id.decode("utf-8", "replace")),
                     "topic": topic,
                     "partition": msg.partition(),
                     "offset": msg.offset(),
