@@ -1,16 +1,20 @@
 """Outbox mapping: a decoded outbox row becomes a Kafka record (topic, key, value, headers).
 
 The contract: topic = the template applied to the row; key = ``aggregate_id`` (UTF-8); value =
-``payload`` (the jsonb's text form, already valid JSON, passed through unparsed); headers ``id``,
+``payload`` (a ``jsonb``/``json`` column's text, already valid JSON, passed through unparsed; a
+``text`` column's text once it is checked to be JSON; a ``bytea`` column's bytes); headers ``id``,
 ``event_type``, ``aggregate_type``, then each top-level entry of the ``headers`` column (strings as
 they are, other JSON values as their JSON text, exactly as PostgreSQL printed it). A row that
-cannot be mapped raises :class:`MalformedEvent`, which the relay dead-letters, never drops.
+cannot be mapped raises :class:`MalformedEvent`, which the relay dead-letters, never drops; the
+mapping raises nothing else (header names librdkafka cannot take are refused here, before it sees
+them).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 import orjson
@@ -21,6 +25,13 @@ from cdc_relay.pgoutput import Relation, TupleData, UnchangedToast
 DEFAULT_COLUMNS = OutboxColumns()
 
 _TOPIC_CACHE_LIMIT = 4096
+
+# Payload column types (pg_type.dat OIDs). jsonb and json were checked by PostgreSQL and pass
+# through as they are (so does an unknown type, OID 0); bytea travels as its bytes; any other type
+# (text, varchar, a domain) is checked to be JSON first. Nested deeper than this is refused.
+_JSON_OIDS = frozenset({3802, 114, 0})
+_BYTEA_OID = 17
+MAX_JSON_DEPTH = 1024  # what orjson, the fast check, takes
 
 
 class OutboxRecord(NamedTuple):
@@ -79,8 +90,26 @@ class OutboxMapping:
         self._headers = positions.get(columns.headers) if columns.headers else None
         self._traceparent = positions.get(traceparent_column)
         self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
+        # Chosen once per relation, so a jsonb payload pays nothing for the other types' checks.
+        self.map: Callable[[TupleData], OutboxRecord] = self._map
+        self._payload_type = 0
+        payload_index = positions.get(columns.payload)
+        if payload_index is not None:
+            self._payload_type = relation.columns[payload_index].type_oid
+            if self._payload_type not in _JSON_OIDS:
+                self.map = self._map_converted
 
-    def map(self, row: TupleData) -> OutboxRecord:
+    def _map_converted(self, row: TupleData) -> OutboxRecord:
+        """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""
+        record = self._map(row)
+        if self._payload_type == _BYTEA_OID:
+            value = bytea_bytes(record.value, record.event_id)
+        else:
+            value = record.value
+            check_json(value, "payload", record.event_id)
+        return record._replace(value=value)
+
+    def _map(self, row: TupleData) -> OutboxRecord:
         # The hot path: plain indexing, one type check; anything unusual takes the careful path,
         # which says exactly what is wrong.
         try:
@@ -100,39 +129,42 @@ class OutboxMapping:
             event_id = raw_id.decode()
         except (AttributeError, IndexError, TypeError, UnicodeDecodeError):
             self._raise_malformed(row)
-        headers: list[tuple[str, bytes]] = [
-            ("id", raw_id),
-            ("event_type", event_type),
-            ("aggregate_type", aggregate_type),
-        ]
-        traceparent = None
-        if self._traceparent is not None or self._span_context is not None:
-            traceparent = self._read_traceparent(row)
-            if traceparent is not None:
-                headers.append(("traceparent", traceparent))
-        if self._headers is not None:
-            extra = row[self._headers]
-            if type(extra) is bytes:
-                headers.extend(_header_entries(extra, event_id))
-        key = aggregate_id
-        topic = None
-        if self._has_overrides:
-            for name, index in self._header_columns:
-                value = row[index]
-                if isinstance(value, bytes):
-                    headers.append((name, value))
-            if self._key is not None:
-                override = row[self._key]
-                if isinstance(override, bytes):
-                    key = override
-            if self._topic_override is not None:
-                override = row[self._topic_override]
-                if isinstance(override, bytes) and override:
-                    topic = _decode(override, self._columns.topic or "", event_id)
-        if topic is None:
-            topic = self._topics.get((aggregate_type, event_type)) or self._topic(
-                aggregate_type, event_type
-            )
+        try:  # free in CPython 3.11+ unless it raises
+            headers: list[tuple[str, bytes]] = [
+                ("id", raw_id),
+                ("event_type", event_type),
+                ("aggregate_type", aggregate_type),
+            ]
+            traceparent = None
+            if self._traceparent is not None or self._span_context is not None:
+                traceparent = self._read_traceparent(row)
+                if traceparent is not None:
+                    headers.append(("traceparent", traceparent))
+            if self._headers is not None:
+                extra = row[self._headers]
+                if type(extra) is bytes:
+                    headers.extend(_header_entries(extra, event_id))
+            key = aggregate_id
+            topic = None
+            if self._has_overrides:
+                for name, index in self._header_columns:
+                    value = row[index]
+                    if isinstance(value, bytes):
+                        headers.append((name, value))
+                if self._key is not None:
+                    override = row[self._key]
+                    if isinstance(override, bytes):
+                        key = override
+                if self._topic_override is not None:
+                    override = row[self._topic_override]
+                    if isinstance(override, bytes) and override:
+                        topic = _decode(override, self._columns.topic or "", event_id)
+            if topic is None:
+                topic = self._topics.get((aggregate_type, event_type)) or self._topic(
+                    aggregate_type, event_type
+                )
+        except IndexError:  # an optional column beyond the row: not a row of this relation
+            raise MalformedEvent("the row has fewer columns than its relation", event_id) from None
         return OutboxRecord(topic, key, payload, headers, event_id, traceparent)
 
     def _raise_malformed(self, row: TupleData) -> NoReturn:
@@ -233,39 +265,145 @@ def _header_entries(raw: bytes, event_id: str) -> list[tuple[str, bytes]]:
     """
     try:
         text = raw.decode()
-        pos = _skip_space(text, 0)
-        if text.startswith("null", pos):
-            return []
-        if not text.startswith("{", pos):
-            raise MalformedEvent("column headers must be a JSON object", event_id)
-        entries: list[tuple[str, bytes]] = []
-        pos = _skip_space(text, pos + 1)
-        if text.startswith("}", pos):
-            return entries
-        while True:
-            name, pos = _JSON.raw_decode(text, pos)
-            pos = _skip_space(text, pos)
-            if not isinstance(name, str) or not text.startswith(":", pos):
-                raise ValueError("expected a key")
-            pos = _skip_space(text, pos + 1)
-            value, end = _JSON.raw_decode(text, pos)
-            entries.append(
-                (name, value.encode() if isinstance(value, str) else text[pos:end].encode())
-            )
-            pos = _skip_space(text, end)
-            if text.startswith("}", pos):
-                return entries
-            if not text.startswith(",", pos):
-                raise ValueError("expected , or }")
-            pos = _skip_space(text, pos + 1)
+        entries = _header_entries_of(text, event_id)
+    except RecursionError:
+        raise MalformedEvent("column headers is nested too deeply", event_id) from None
+    except UnicodeEncodeError:
+        raise MalformedEvent(
+            "column headers has a string value that is not Unicode (a lone surrogate)", event_id
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         if isinstance(exc, MalformedEvent):
             raise
         raise MalformedEvent("column headers is not valid JSON", event_id) from None
+    if "\\u" in text:  # only an escape can put a NUL or a lone surrogate in a decoded name
+        check_headers(entries, event_id)
+    return entries
+
+
+def _header_entries_of(text: str, event_id: str) -> list[tuple[str, bytes]]:
+    pos = _skip_space(text, 0)
+    if text.startswith("null", pos):
+        return []
+    if not text.startswith("{", pos):
+        raise MalformedEvent("column headers must be a JSON object", event_id)
+    entries: list[tuple[str, bytes]] = []
+    pos = _skip_space(text, pos + 1)
+    if text.startswith("}", pos):
+        return entries
+    while True:
+        name, pos = _JSON.raw_decode(text, pos)
+        pos = _skip_space(text, pos)
+        if not isinstance(name, str) or not text.startswith(":", pos):
+            raise ValueError("expected a key")
+        pos = _skip_space(text, pos + 1)
+        value, end = _JSON.raw_decode(text, pos)
+        entries.append((name, value.encode() if isinstance(value, str) else text[pos:end].encode()))
+        pos = _skip_space(text, end)
+        if text.startswith("}", pos):
+            return entries
+        if not text.startswith(",", pos):
+            raise ValueError("expected , or }")
+        pos = _skip_space(text, pos + 1)
 
 
 _JSON = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def check_headers(headers: list[tuple[str, bytes]], event_id: str | None) -> None:
+    """Refuse header names librdkafka cannot take: it crashes on a name that is not UTF-8
+    (a lone surrogate) and cuts one at a NUL. Values are bytes, which it takes as they are."""
+    for name, _ in headers:
+        if "\x00" in name:
+            raise MalformedEvent(f"header name {name[:1024]!r} contains NUL", event_id)
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            raise MalformedEvent(
+                f"header name {name[:1024]!r} is not Unicode (a lone surrogate)", event_id
+            ) from None
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _ignore_number(text: str) -> None:
+    return None
+
+
+# The strict RFC 8259 grammar with numbers of any size (not converted) and without NaN/Infinity.
+_CHECKING_JSON = json.JSONDecoder(
+    parse_float=_ignore_number, parse_int=_ignore_number, parse_constant=_reject_constant
+)
+
+
+def check_json(value: bytes, name: str, event_id: str | None) -> None:
+    """Raise MalformedEvent unless ``value`` is one JSON text (UTF-8, not too deeply nested)."""
+    try:
+        orjson.loads(value)  # fast and strict; it also refuses what is merely beyond its limits
+        return
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        text = value.decode()
+        if _depth_exceeds(text, MAX_JSON_DEPTH):
+            raise MalformedEvent(f"{name} is nested deeper than {MAX_JSON_DEPTH} levels", event_id)
+        _CHECKING_JSON.decode(text)
+    except UnicodeDecodeError:
+        raise MalformedEvent(f"{name} is not valid UTF-8", event_id) from None
+    except RecursionError:
+        raise MalformedEvent(f"{name} is nested too deeply", event_id) from None
+    except ValueError as exc:  # JSONDecodeError (which says where) or a NaN/Infinity
+        if isinstance(exc, MalformedEvent):
+            raise
+        raise MalformedEvent(f"{name} is not valid JSON: {exc}", event_id) from None
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``limit`` (a bound, not a parser)."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+_BYTEA_HEX = re.compile(rb"\\x([0-9a-fA-F]{2})*")
+_BYTEA_ESCAPE = re.compile(rb"\\(\\|[0-3][0-7]{2})")
+
+
+def bytea_bytes(text: bytes, event_id: str | None) -> bytes:
+    """The bytes of a bytea value from its text form: hex (``\\x7b7d``, the default) or escape."""
+    if text.startswith(b"\\x"):
+        if not _BYTEA_HEX.fullmatch(text):
+            raise MalformedEvent("payload is not a valid bytea hex text", event_id)
+        return bytes.fromhex(text[2:].decode("ascii"))
+    if b"\\" not in text:
+        return text
+    if _BYTEA_ESCAPE.sub(b"", text).count(b"\\"):
+        raise MalformedEvent("payload is not a valid bytea escape text", event_id)
+    return _BYTEA_ESCAPE.sub(_unescape_octet, text)
+
+
+def _unescape_octet(match: re.Match[bytes]) -> bytes:
+    escaped = match.group(1)
+    return b"\\" if escaped == b"\\" else bytes([int(escaped, 8)])
 
 
 def _skip_space(text: str, pos: int) -> int:
@@ -328,10 +466,13 @@ class MessageMapping:
         if extra is not None:
             if not isinstance(extra, dict):
                 raise MalformedEvent("logical message headers must be a JSON object", event_id)
-            headers.extend(
+            entries = [
                 (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
                 for name, value in extra.items()
-            )
+            ]
+            if b"\\u" in content:  # only an escape can put a NUL in a decoded name
+                check_headers(entries, event_id)
+            headers.extend(entries)
         topic = self._template.format(
             aggregate_type=fields["aggregate_type"],
             event_type=fields["event_type"],

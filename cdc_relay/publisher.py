@@ -126,7 +126,7 @@ class DeliveryFailure:
         return self.code in PERMANENT_ERRORS
 
     def refused(self) -> RefusedRecord:
-        event_id = next((v.decode() for k, v in self.headers if k == "id"), None)
+        event_id = next((v.decode("utf-8", "replace") for k, v in self.headers if k == "id"), None)
         return RefusedRecord(
             self.txn,
             self.table,

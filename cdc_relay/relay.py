@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 from confluent_kafka import KafkaError
@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import MissingTopics, PoisonPolicy, Settings
+from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter, text_bytes
 from cdc_relay.decoding import decoder_for, plugin_options_for
 from cdc_relay.errors import (
     ConfigError,
@@ -98,6 +99,7 @@ READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 READY_STALL_AFTER = 5.0  # seconds without an acknowledgement (records waiting) -> not ready
 RETAINED_WAL_CHECK_INTERVAL = 10.0
+UNPRODUCIBLE = "UNPRODUCIBLE_RECORD"  # error code of a record confluent-kafka refused to take
 
 
 class _Stopping(Exception):
@@ -483,20 +485,11 @@ class _Session:
         try:
             record = mapping.map(source)
         except MalformedEvent as exc:
-            row = mapping.describe_row(source)
-            self.poison(
-                RefusedRecord(
-                    txn,
-                    mapping.table,
-                    str(exc),
-                    "MALFORMED_OUTBOX_ROW",
-                    exc.event_id,
-                    None,
-                    None,
-                    row,
-                    [],
-                )
-            )
+            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id)
+            return
+        except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
+            reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
+            self.refuse_unmapped(mapping, source, txn, reason, None)
             return
         topic, key, value, headers, event_id, traceparent = record
         if topic not in self.known_topics:
@@ -542,6 +535,35 @@ class _Session:
                     )
                 )
                 return
+            except Exception as exc:  # confluent-kafka refusing an argument (TypeError, ...)
+                reason = f"the record cannot be produced: {type(exc).__name__}: {exc}"
+                self.poison(
+                    RefusedRecord(
+                        txn, mapping.table, reason, UNPRODUCIBLE, event_id, topic, key, value,
+                        headers,
+                    )
+                )  # fmt: skip
+                return
+
+    def refuse_unmapped(
+        self,
+        mapping: OutboxMapping | MessageMapping,
+        source: Any,
+        txn: PendingTransaction,
+        reason: str,
+        event_id: str | None,
+    ) -> None:
+        """A row (or message) that breaks the contract: its dead-letter value is the row itself."""
+        try:
+            row: bytes | None = mapping.describe_row(source)
+        except Exception as exc:  # the row is hostile to describing too: say so instead
+            row = None
+            reason = f"{reason} (the row cannot be described: {type(exc).__name__})"
+        self.poison(
+            RefusedRecord(
+                txn, mapping.table, reason, "MALFORMED_OUTBOX_ROW", event_id, None, None, row, []
+            )
+        )
 
     def poison(self, refused: RefusedRecord) -> None:
         """A record that can never be delivered as it is: dead-letter it, or stop."""
@@ -549,11 +571,11 @@ class _Session:
         txn = refused.txn
         commit_lsn = format_lsn(txn.commit_lsn)
         fields = {
-            "event_id": refused.event_id,
+            "event_id": _cut(refused.event_id),
             "table": refused.table,
             "commit_lsn": commit_lsn,
             "topic": refused.topic,
-            "error": refused.reason,
+            "error": _cut(refused.reason),
         }
         trace_id = _trace_id(refused.headers)
         if trace_id:
@@ -564,56 +586,76 @@ class _Session:
             log.error("poison record, stopping (poison policy: stop)", extra={"fields": fields})
             self.relay.fail(
                 PoisonRecordError(
-                    f"Kafka refused event {refused.event_id} of {refused.table} at commit "
-                    f"{commit_lsn} for topic {refused.topic!r}: {refused.reason}. The relay "
+                    f"Kafka refused event {_cut(refused.event_id)} of {refused.table} at commit "
+                    f"{commit_lsn} for topic {refused.topic!r}: {_cut(refused.reason)}. The relay "
                     "stopped without confirming past it (CDC_RELAY_POISON_POLICY=stop)"
                 )
             )
             raise _Stopping
-        value = refused.value
-        headers = [
-            *refused.headers,
-            ("cdc_relay.error", refused.reason.encode()),
-            ("cdc_relay.error_code", refused.code.encode()),
-            ("cdc_relay.commit_lsn", commit_lsn.encode()),
-            ("cdc_relay.table", refused.table.encode()),
-            ("cdc_relay.event_id", (refused.event_id or "").encode()),
-            ("cdc_relay.topic", (refused.topic or "").encode()),
-        ]
-        if refused.too_large and value is not None:
-            headers.append(("cdc_relay.value_size", str(len(value)).encode()))
-            value = None  # it cannot travel; the header says how large it was
-        log.error("poison record sent to the dead-letter topic", extra={"fields": fields})
+        letter = DeadLetter.of(
+            refused.key,
+            refused.value,
+            refused.headers,
+            [
+                (ERROR_HEADER, text_bytes(refused.reason)),
+                ("cdc_relay.error_code", text_bytes(refused.code)),
+                ("cdc_relay.commit_lsn", commit_lsn.encode()),
+                ("cdc_relay.table", text_bytes(refused.table)),
+                ("cdc_relay.event_id", text_bytes(refused.event_id or "")),
+                ("cdc_relay.topic", text_bytes(refused.topic or "")),
+            ],
+        )
+        if refused.too_large:
+            letter = letter.smaller() or letter  # the value cannot travel; its size is recorded
+        log.error("poison record, sending it to the dead-letter topic", extra={"fields": fields})
         if settings.dead_letter_topic not in self.known_topics:
             try:
                 self.ensure_topic(settings.dead_letter_topic, event=False)
             except ProduceRefused as exc:
-                self.relay.fail(
-                    ConfigError(
-                        f"the dead-letter topic {settings.dead_letter_topic!r} is unusable: "
-                        f"{exc.reason} (CDC_RELAY_DEAD_LETTER_TOPIC)"
-                    )
-                )
-                raise _Stopping from None
-        on_delivery = partial(
-            self.tracker.callback(txn, refused.table, dead_letter=True),
-            settings.dead_letter_topic,
-            headers,
-        )
+                self.dead_letter_unusable(txn, exc.reason)
+        self.send_dead_letter(txn, refused.table, letter)
+
+    def send_dead_letter(self, txn: PendingTransaction, table: str, letter: DeadLetter) -> None:
+        """Produce ``letter``, smaller each time librdkafka refuses it, down to its metadata."""
+        topic = self.settings.dead_letter_topic
+        callback = self.tracker.callback(txn, table, dead_letter=True)
         while True:
+            headers = letter.all_headers
+            on_delivery = partial(_dead_letter_delivered, callback, topic, headers)
             try:
-                self.publisher.produce(
-                    settings.dead_letter_topic, value, refused.key, headers, on_delivery
-                )
+                self.publisher.produce(topic, letter.value, letter.key, headers, on_delivery)
                 txn.pending += 1
                 return
             except BufferError:
                 self.publisher.poll(0.05)
+                continue
             except ProduceRefused as exc:
-                raise SinkUnavailable(
-                    f"cannot write to the dead-letter topic {settings.dead_letter_topic!r}: "
-                    f"{exc.reason}"
-                ) from None
+                if not exc.permanent:
+                    raise SinkUnavailable(
+                        f"cannot write to the dead-letter topic {topic!r}: {exc.reason}"
+                    ) from None
+                reason = exc.reason
+            except Exception as exc:  # a refused argument: the smaller form leaves it out
+                reason = f"{type(exc).__name__}: {exc}"
+            smaller = letter.smaller()
+            if smaller is None:
+                self.dead_letter_unusable(txn, reason)
+            log.warning(
+                "dead-letter record refused, sending a smaller one",
+                extra={"fields": {"error": reason, "dropped": smaller.stage}},
+            )
+            letter = smaller
+
+    def dead_letter_unusable(self, txn: PendingTransaction, reason: str) -> NoReturn:
+        """Not even the metadata can be dead-lettered: stop without confirming past ``txn``."""
+        txn.pending += 1  # the transaction can never complete, so the watermark never passes it
+        self.relay.fail(
+            ConfigError(
+                f"the dead-letter topic {self.settings.dead_letter_topic!r} is unusable: "
+                f"{reason} (CDC_RELAY_DEAD_LETTER_TOPIC)"
+            )
+        )
+        raise _Stopping from None
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session: it must exist (created if the policy says).
@@ -674,9 +716,21 @@ class _Session:
 
     def on_failure(self, failure: DeliveryFailure) -> None:
         if failure.dead_letter:
-            raise SinkUnavailable(
-                f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
+            if not failure.permanent:
+                raise SinkUnavailable(
+                    f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
+                )
+            # Kafka refused the dead-letter record itself: send a smaller one in its place.
+            failure.txn.pending -= 1
+            smaller = DeadLetter.split(failure.key, failure.value, failure.headers).smaller()
+            if smaller is None:
+                self.dead_letter_unusable(failure.txn, failure.reason)
+            log.warning(
+                "dead-letter record refused, sending a smaller one",
+                extra={"fields": {"error": failure.reason, "dropped": smaller.stage}},
             )
+            self.send_dead_letter(failure.txn, failure.table, smaller)
+            return
         if not failure.permanent:
             raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
         # The original produce counted one pending delivery; the dead-letter record takes it over.
@@ -848,6 +902,34 @@ def _traced(  # noqa: PLR0917 - the delivery callback's shape, four of them boun
 ) -> None:
     Tracing.end_publish(span, err, msg)
     callback(topic, headers, err, msg)
+
+
+def _cut(text: str | None, limit: int = 1024) -> str | None:
+    """A row-supplied text for a log line: a row cannot make the line megabytes long."""
+    return text if text is None or len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def _dead_letter_delivered(
+    callback: TransactionCallback,
+    topic: str,
+    headers: list[tuple[str, bytes]],
+    err: Any,
+    msg: Any,
+) -> None:
+    callback(topic, headers, err, msg)
+    if err is None:
+        event_id = next((v for n, v in reversed(headers) if n == "cdc_relay.event_id"), b"")
+        log.info(
+            "poison record sent to the dead-letter topic",
+            extra={
+                "fields": {
+                    "event_id": _cut(event_id.decode("utf-8", "replace")),
+                    "topic": topic,
+                    "partition": msg.partition(),
+                    "offset": msg.offset(),
+                }
+            },
+        )
 
 
 def _process_registry() -> CollectorRegistry:

@@ -150,8 +150,8 @@ def test_plain_line_without_fields() -> None:
 def test_plain_includes_the_exception_after_the_line() -> None:
     first, *rest = PlainFormatter().format(make_record(exc=True, fields={"a": 1})).splitlines()
     assert first.endswith("slot confirmed 0/16B374D8 a=1")
-    assert rest[0].startswith("Traceback")
-    assert rest[-1] == "ValueError: boom"
+    assert rest[0] == "  Traceback (most recent call last):"  # indented: never a record's start
+    assert rest[-1] == "  ValueError: boom"
 
 
 # -- configure ------------------------------------------------------------------------------------
@@ -187,3 +187,67 @@ def test_configure_is_idempotent() -> None:
     assert isinstance(logger.handlers[0].formatter, JsonFormatter)
     assert logger.level == logging.ERROR
     assert logger.propagate is False
+
+
+# -- hostile values (issue 11, item 13) -----------------------------------------------------------
+
+STAMP = re.compile(r"\d{4}-\d\d-\d\dT")
+FORGERIES = [
+    "x\n2024-05-01T12:34:56.789Z INFO cdc_relay.relay: forged",
+    "x\r\n2024-05-01T12:34:56.789Z INFO forged",
+    "x\r2024-05-01T12:34:56.789Z INFO forged",
+    "x\u2028forged",
+    "x\u2029forged",
+    "x\x85forged",
+    "x\x0bforged\x0cforged\x1cforged\x1dforged\x1eforged",
+    "x\x1b[2K\rforged",  # a terminal escape that erases the line
+    "x\ud800",  # a lone surrogate
+    'x" forged=1 y="',
+    "x\\nforged",  # a literal backslash-n: quoted, so it is not read as an escape
+]
+
+
+@pytest.mark.parametrize("value", FORGERIES)
+def test_plain_field_values_cannot_forge_lines_or_fields(value: str) -> None:
+    line = PlainFormatter().format(make_record(fields={"event_id": value, "after": 1}))
+    assert len(line.splitlines()) == 1
+    assert line.isprintable()
+    assert line.endswith(" after=1")
+    rendered = line.split(" event_id=", 1)[1].removesuffix(" after=1")
+    assert rendered.startswith('"')
+    if value.isprintable():  # quoted as a JSON string: reads back exactly
+        assert json.loads(rendered) == value
+
+
+@pytest.mark.parametrize("value", FORGERIES)
+def test_plain_message_cannot_forge_lines(value: str) -> None:
+    # A RelayError's text is the message of the exit line; it may name an event id.
+    line = PlainFormatter().format(make_record(msg=f"Kafka refused event {value}", args=()))
+    assert len(line.splitlines()) == 1
+    assert line.isprintable()
+
+
+def test_plain_exception_text_cannot_start_a_line_of_its_own() -> None:
+    try:
+        raise ValueError("bad row\n2024-05-01T12:34:56.789Z INFO cdc_relay.relay: forged")
+    except ValueError:
+        record = make_record()
+        record.exc_info = sys.exc_info()
+    first, *rest = PlainFormatter().format(record).splitlines()
+    assert STAMP.match(first)
+    assert rest
+    assert not any(STAMP.match(line) for line in rest)
+    assert all(line.startswith("  ") for line in rest)
+
+
+def test_plain_keeps_printable_unicode_readable() -> None:
+    line = PlainFormatter().format(make_record(fields={"city": "Zürich", "note": "東京 🚀"}))
+    assert line.endswith('city=Zürich note="東京 🚀"')
+
+
+def test_json_line_with_a_lone_surrogate_is_still_one_json_line() -> None:
+    line = JsonFormatter().format(make_record(msg="event \ud800", args=(), fields={"id": "\udc80"}))
+    data = json.loads(line)
+    assert data["msg"] == "event \\ud800"
+    assert data["id"] == "\\udc80"
+    assert "\n" not in line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from cdc_relay.outbox import MalformedEvent, OutboxMapping, OutboxRecord
+from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
 from cdc_relay.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 
 TEXT, UUID, JSONB = 25, 2950, 3802
@@ -357,3 +357,120 @@ def test_describe_row_of_a_short_row_and_a_malformed_relation() -> None:
     mapping = OutboxMapping(relation(columns), TEMPLATE)
     assert orjson.loads(mapping.describe_row((b"e1",))) == {"id": "e1"}
     assert orjson.loads(mapping.describe_row(())) == {}
+
+
+# -- hostile rows (issue 11) ----------------------------------------------------------------------
+
+
+def test_deeply_nested_headers_are_a_malformed_event_not_a_recursion_error() -> None:
+    deep = b'{"h": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(headers=deep))
+    assert "nested too deeply" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        (b'{"\\ud800": "x"}', "lone surrogate"),  # a json column keeps it; librdkafka segfaults
+        (b'{"a\\u0000b": "x"}', "NUL"),  # librdkafka would cut the name at the NUL
+        (b'{"ok": "\\udc00"}', "lone surrogate"),
+    ],
+)
+def test_header_names_and_values_librdkafka_cannot_take_are_refused(
+    headers: bytes, problem: str
+) -> None:
+    error = malformed(OutboxMapping(relation(), TEMPLATE), row(headers=headers))
+    assert problem in str(error)
+    assert error.event_id == EVENT_ID
+
+
+def test_escaped_but_valid_header_names_pass() -> None:
+    record = map_row(headers=b'{"caf\\u00e9": "\\ud83d\\ude80"}')
+    assert record.headers[3:] == [("café", "🚀".encode())]
+
+
+def _typed_relation(payload_oid: int) -> Relation:
+    base = relation()
+    columns = tuple(
+        RelationColumn(c.flags, c.name, payload_oid if c.name == "payload" else c.type_oid, -1)
+        for c in base.columns
+    )
+    return Relation(base.relation_id, base.namespace, base.name, "d", columns, None)
+
+
+BYTEA, JSON = 17, 114
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (b"\\x7b7d", b"{}"),
+        (b"\\x", b""),
+        (b"\\x00ff80", b"\x00\xff\x80"),
+        (b"ab\\\\c\\000\\377", b"ab\\c\x00\xff"),  # bytea_output = escape
+        (b"plain", b"plain"),
+    ],
+)
+def test_bytea_payload_is_published_as_its_bytes(text: bytes, value: bytes) -> None:
+    assert OutboxMapping(_typed_relation(BYTEA), TEMPLATE).map(row(payload=text)).value == value
+
+
+@pytest.mark.parametrize("text", [b"\\x7", b"\\xzz", b"a\\9"])
+def test_bytea_payload_that_is_not_bytea_text_is_refused(text: bytes) -> None:
+    error = malformed(OutboxMapping(_typed_relation(BYTEA), TEMPLATE), row(payload=text))
+    assert "bytea" in str(error)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"a": 1}',
+        b"123456789012345678901234567890",  # beyond orjson: still JSON
+        b"1e400",
+        b'"\\ud800"',  # a lone surrogate escape is JSON text
+        b"[" * 1000 + b"]" * 1000,
+    ],
+)
+def test_text_payload_that_is_json_passes_through(payload: bytes) -> None:
+    assert OutboxMapping(_typed_relation(TEXT), TEMPLATE).map(row(payload=payload)).value == payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"NaN", "not valid JSON"),
+        (b'{"a": 1} trailing', "not valid JSON"),
+        (b"\xff", "not valid UTF-8"),
+        (b"[" * 1025 + b"]" * 1025, "nested"),
+        (b"[" * 200_000, "nested"),
+    ],
+)
+def test_text_payload_that_is_not_json_is_refused(payload: bytes, problem: str) -> None:
+    error = malformed(OutboxMapping(_typed_relation(TEXT), TEMPLATE), row(payload=payload))
+    assert problem in str(error)
+    assert "payload" in str(error)
+    assert error.event_id == EVENT_ID
+
+
+def test_json_payload_passes_through_unchecked() -> None:
+    # PostgreSQL checked a json column's text; the relay does not parse it again.
+    mapping = OutboxMapping(_typed_relation(JSON), TEMPLATE)
+    assert mapping.map(row(payload=b'{"a":1,"a":2}')).value == b'{"a":1,"a":2}'
+
+
+def test_message_header_names_with_nul_are_refused() -> None:
+    content = orjson.dumps(
+        {
+            "id": "e-1",
+            "aggregate_type": "order",
+            "aggregate_id": "o-1",
+            "event_type": "created",
+            "payload": {},
+            "headers": {"a\u0000b": "x"},
+        }
+    )
+    with pytest.raises(MalformedEvent, match="NUL"):
+        MessageMapping("outbox", TEMPLATE).map(content)

@@ -1,0 +1,67 @@
+"""Outbox tables of every payload type ``check`` accepts, for tests that write hostile rows.
+
+Each table has the outbox columns without constraints (any of them may be NULL), the payload type
+in its name, and a ``json`` (not ``jsonb``) or ``text`` headers column, which keeps whatever text it
+was given (lone surrogate escapes, duplicate keys, deep nesting).
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from psycopg import sql
+
+# table -> (id type, payload type, headers type); every payload type admin.PAYLOAD_TYPES accepts
+# and every id type admin.ID_TYPES accepts.
+TABLES = {
+    "t_jsonb": ("uuid", "jsonb", "json"),
+    "t_json": ("text", "json", "json"),
+    "t_text": ("character varying", "text", "text"),
+    "t_bytea": ("text", "bytea", "jsonb"),
+}
+# A table whose other columns have "wrong" types: their text forms travel.
+ODD_TABLE = "t_odd"
+ODD_DDL = (
+    "CREATE TABLE t_odd (id text, aggregate_type integer, aggregate_id numeric, "
+    "event_type boolean, payload jsonb, headers jsonb)"
+)
+
+
+def create_tables(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for table, (id_type, payload_type, headers_type) in TABLES.items():
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (id {}, aggregate_type text, aggregate_id text, "
+                    "event_type text, payload {}, headers {}, probe text)"
+                ).format(
+                    sql.Identifier(table),
+                    sql.SQL(id_type),
+                    sql.SQL(payload_type),
+                    sql.SQL(headers_type),
+                )
+            )
+        conn.execute(ODD_DDL)
+
+
+def outbox_tables_setting() -> str:
+    """CDC_RELAY_OUTBOX_TABLES for all the tables above."""
+    return json.dumps([{"table": f"public.{name}"} for name in [*TABLES, ODD_TABLE]])
+
+
+def insert(
+    conn: psycopg.Connection[tuple[object, ...]],
+    table: str,
+    values: dict[str, object],
+) -> None:
+    """One INSERT of ``values`` (column -> value; bytes for bytea, str otherwise) into ``table``."""
+    columns = list(values)
+    conn.execute(
+        sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            sql.Identifier(table),
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+        ),
+        [values[c] for c in columns],
+    )

@@ -1,0 +1,147 @@
+"""A dead-letter record Kafka refuses *asynchronously* (the broker's limit is lower than the
+producer's) is sent again smaller, down to its metadata; when even that is refused, the relay stops
+without confirming past the row. The test broker enforces no per-topic size limit, so this part of
+the session is driven here with a stand-in producer and hand-made delivery reports; the
+synchronous refusals run against the real broker in tests/integration/test_hostile_rows.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter
+from cdc_relay.errors import ConfigError, RelayError
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.publisher import DeliveryTracker
+from cdc_relay.relay import _Session, _Stopping
+from cdc_relay.watermark import Watermark
+
+DEAD_LETTER = "dead"
+
+
+class _Producer:
+    """Records what is produced; each record's delivery report is sent by the test."""
+
+    def __init__(self) -> None:
+        self.produced: list[dict[str, Any]] = []
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        on_delivery: Any,
+    ) -> None:
+        self.produced.append(
+            {"topic": topic, "value": value, "key": key, "headers": headers, "report": on_delivery}
+        )
+
+
+class _Relay:
+    def __init__(self) -> None:
+        self.failed: RelayError | None = None
+
+    def fail(self, error: RelayError) -> None:
+        self.failed = error
+
+
+class _Error:
+    def __init__(self, code: int) -> None:
+        self._code = code
+
+    def code(self) -> int:
+        return self._code
+
+    def str(self) -> str:
+        return "Broker: Message size too large"
+
+
+class _Message:
+    def __init__(self, record: dict[str, Any]) -> None:
+        self._record = record
+
+    def key(self) -> bytes | None:
+        return self._record["key"]  # type: ignore[no-any-return]
+
+    def value(self) -> bytes | None:
+        return self._record["value"]  # type: ignore[no-any-return]
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 7
+
+
+def _session() -> tuple[Any, _Producer, _Relay]:
+    session: Any = object.__new__(_Session)
+    producer, relay = _Producer(), _Relay()
+    session.settings = SimpleNamespace(dead_letter_topic=DEAD_LETTER)
+    session.stats = RelayStats()
+    session.tracker = DeliveryTracker(session.stats)
+    session.publisher = producer
+    session.relay = relay
+    return session, producer, relay
+
+
+def _refuse(session: Any, record: dict[str, Any]) -> None:
+    record["report"](_Error(KafkaError.MSG_SIZE_TOO_LARGE), _Message(record))
+    session.handle_failures()
+
+
+LETTER = DeadLetter.of(
+    b"key", b"value" * 100, [("h", b"x" * 50)], [(ERROR_HEADER, b"too large"), ("cdc_relay.x", b"")]
+)
+
+
+def test_a_refused_dead_letter_is_sent_again_smaller_until_it_is_acknowledged() -> None:
+    session, producer, _ = _session()
+    watermark = Watermark(0)
+    txn = watermark.open(100)
+    session.send_dead_letter(txn, "public.outbox", LETTER)
+    watermark.seal(txn, 200)
+    assert txn.pending == 1
+
+    _refuse(session, producer.produced[-1])
+    second = producer.produced[-1]
+    assert second["value"] is None
+    assert second["key"] == b"key"
+    assert ("h", b"x" * 50) in second["headers"]
+    assert ("cdc_relay.value_size", b"500") in second["headers"]
+    assert txn.pending == 1
+
+    _refuse(session, second)
+    third = producer.produced[-1]
+    assert [name for name, _ in third["headers"] if not name.startswith("cdc_relay.")] == []
+    assert ("cdc_relay.dropped", b"value,headers") in third["headers"]
+    assert watermark.advance() == 0, "not confirmed while no copy is acknowledged"
+
+    third["report"](None, _Message(third))
+    assert txn.pending == 0
+    assert session.stats.dead_lettered == 1
+    assert watermark.advance() == 200
+    assert len(producer.produced) == 3
+
+
+def test_when_not_even_the_metadata_is_accepted_the_relay_stops_short_of_the_row() -> None:
+    session, producer, relay = _session()
+    watermark = Watermark(0)
+    txn = watermark.open(100)
+    session.send_dead_letter(txn, "public.outbox", LETTER)
+    watermark.seal(txn, 200)
+    for _ in range(3):  # whole, without value, without headers
+        _refuse(session, producer.produced[-1])
+    metadata_only = producer.produced[-1]
+    assert metadata_only["key"] is None
+    assert ("cdc_relay.dropped", b"metadata") in metadata_only["headers"]
+    with pytest.raises(_Stopping):
+        _refuse(session, metadata_only)
+    assert isinstance(relay.failed, ConfigError)
+    assert DEAD_LETTER in str(relay.failed)
+    assert txn.pending == 1, "the transaction never completes"
+    assert watermark.advance() == 0
+    assert session.stats.dead_lettered == 0
