@@ -15,6 +15,8 @@ import re
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cdc_relay.errors import ConfigError, RelayError, SourceSetupError, SourceUnavailable
+
 MASK = "***"
 UNPARSEABLE = "<not a valid connection string>"
 _SECRET_FRAGMENT = "password"  # noqa: S105 - a key name: password, sslpassword
@@ -158,3 +160,30 @@ def connect_failure_kind(message: str, sqlstate: str | None) -> str:
     if sqlstate in _PERMANENT_SQLSTATES or any(f in lowered for f in _PERMANENT_MESSAGES):
         return "permanent"
     return "transient"
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a libpq or server message) with every password of ``url`` masked."""
+    try:
+        params = _params(url)
+    except psycopg.Error:
+        return _reason(text)  # the secrets are unknown: only libpq's own words are safe
+    for key, value in params.items():
+        if _SECRET_FRAGMENT in key.lower() and value:
+            text = text.replace(value, MASK)
+    return text
+
+
+def connect_error(message: str, sqlstate: str | None, url: str, doing: str) -> RelayError:
+    """The project's error for a failed connection attempt, its message scrubbed of secrets.
+
+    ConfigError (exit 2) for a connection string libpq refuses, SourceSetupError (exit 3) for a
+    server that refuses this role or database, SourceUnavailable (retried) for the rest.
+    """
+    text = scrub(message.strip(), url)
+    kind = connect_failure_kind(text, sqlstate)
+    if kind == "config":
+        return ConfigError(f"invalid configuration: CDC_RELAY_DATABASE_URL: {doing}: {text}")
+    if kind == "permanent":
+        return SourceSetupError(f"{doing}: {text} (permanent: fix the role, database or access)")
+    return SourceUnavailable(f"{doing}: {text}")
