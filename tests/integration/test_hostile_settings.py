@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,7 @@ def _command(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         text=True,
         timeout=60,
         check=False,
+        cwd=tempfile.gettempdir(),  # no stray .env file, and the installed package
     )
 
 
