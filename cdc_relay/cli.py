@@ -7,6 +7,7 @@ Every setting of :class:`cdc_relay.config.Settings` is also a flag (``--slot-nam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import gc
 import logging
@@ -17,7 +18,14 @@ from types import FrameType
 from typing import Any
 
 from cdc_relay import __version__
-from cdc_relay.config import Settings, env_name, load_settings
+from cdc_relay.config import (
+    Settings,
+    check_producer_config,
+    env_name,
+    is_secret_property,
+    load_settings,
+)
+from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
 from cdc_relay.logs import configure
 
@@ -119,6 +127,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         for name in Settings.model_fields
         if name not in _SPECIAL_FLAGS
     }
+    if overrides.get("database_url") and has_password(overrides["database_url"]):
+        _warn_secret_on_command_line(
+            "--database-url with a password",
+            f"{env_name('database_url_file')} or {env_name('database_url')}",
+        )
     properties = [
         item
         for dest in (
@@ -139,14 +152,41 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 # Not echoed: the argument may well be a credential with a typo.
                 raise ConfigError("--kafka-property expects KEY=VALUE (an argument lacks '=')")
             props[key.strip()] = value
+        secrets = sorted(key for key in props if is_secret_property(key))
+        if secrets:
+            _warn_secret_on_command_line(
+                f"--kafka-property {', '.join(secrets)}",
+                f"{env_name('kafka_producer_config_file')} or {env_name('kafka_producer_config')}",
+            )
         # Flags extend what the environment configured rather than replacing it.
         base = load_settings(**overrides).kafka_producer_config
         overrides["kafka_producer_config"] = {**base, **props}
     return load_settings(**overrides)
 
 
+def _warn_secret_on_command_line(what: str, instead: str) -> None:
+    print(
+        f"cdc-relay: warning: {what} puts a secret on the command line, where other users of "
+        f"this machine can read it (ps, /proc); use {instead} instead",
+        file=sys.stderr,
+    )
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr and the process carries on.
+
+    For a relay that looks stuck: every long-running command installs it (SIGUSR1's default
+    action would end the process).
+    """
+    # Suppressed: stderr without a file descriptor (embedded, captured) has nowhere to print to.
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in (None, "run", "sweep", "demo"):
+        dump_stacks_on_sigusr1()
     if args.command == "demo":
         from cdc_relay.demo import main as demo_main  # noqa: PLC0415 - servers, Kafka: late
 
@@ -205,8 +245,6 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # `kill -USR1 <pid>` prints every thread's stack to stderr: for a relay that looks stuck.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sweeper.run(stop)
     return 0
 
@@ -214,6 +252,11 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
 def run(settings: Settings) -> int:
     from cdc_relay.relay import Relay  # noqa: PLC0415 - late: --help and --version stay fast
 
+    try:
+        check_producer_config(settings)
+    except ConfigError as exc:
+        log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
+        return exc.exit_code
     relay = Relay(settings)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -7,16 +7,28 @@ environment variable and never echoes the offending value (it may be a secret).
 
 from __future__ import annotations
 
+import logging
 import re
 import string
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+import orjson
 from psycopg import sql
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from cdc_relay import database_url
+from cdc_relay.database_url import redact_url
 from cdc_relay.errors import ConfigError
 
 ENV_PREFIX = "CDC_RELAY_"
@@ -26,9 +38,11 @@ TOPIC_TEMPLATE_FIELDS = frozenset({"aggregate_type", "event_type", "table", "sch
 # librdkafka properties whose values are credentials; any key containing these fragments is masked.
 _SECRET_KEY_FRAGMENTS = ("password", "secret", "jaas", "oauthbearer.config", ".pem", "token")
 
-_URI_SCHEME = re.compile(r"^postgres(ql)?://", re.IGNORECASE)
-# libpq key/value syntax: a single-quoted value may contain \' and \\ escapes.
-_CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+# Used with .match(); \Z rather than $, which also matches before a trailing newline.
+LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
+_SILENT = logging.getLogger("cdc_relay.config.producer_check")
+_SILENT.addHandler(logging.NullHandler())
+_SILENT.propagate = False
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")  # needs no quotes in SQL (keywords aside)
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -177,9 +191,19 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
+        allow_inf_nan=False,  # an "inf" interval would mean "never" (e.g. never confirm)
     )
 
-    database_url: SecretStr = Field(description="libpq URI of the source database (required).")
+    database_url: SecretStr = Field(
+        description="libpq URI or key=value string of the source database (required)."
+    )
+    database_url_file: Path | None = Field(
+        None,
+        description=(
+            "A file holding the database URL (Docker/Kubernetes secrets), instead of "
+            "CDC_RELAY_DATABASE_URL."
+        ),
+    )
     kafka_bootstrap_servers: str = Field(
         min_length=1, description="Kafka bootstrap servers, host:port[,host:port] (required)."
     )
@@ -217,7 +241,14 @@ class Settings(BaseSettings):
         description=(
             "Extra librdkafka producer properties as a JSON object, e.g. "
             '{"linger.ms": "5", "security.protocol": "SASL_SSL"}. '
-            "CLI: --kafka-property KEY=VALUE, repeatable."
+            "CLI: --kafka-property KEY=VALUE, repeatable (not for secrets: ps shows them)."
+        ),
+    )
+    kafka_producer_config_file: Path | None = Field(
+        None,
+        description=(
+            "A file of librdkafka producer properties (key=value lines, or a JSON object), e.g. "
+            "SASL credentials from a secret; CDC_RELAY_KAFKA_PRODUCER_CONFIG and flags win."
         ),
     )
     poison_policy: PoisonPolicy = Field(
@@ -290,6 +321,10 @@ class Settings(BaseSettings):
     http_port: int = Field(
         8080, ge=0, le=65535, description="Port of /healthz /readyz /metrics /status; 0 disables."
     )
+    http_host: str = Field(
+        "0.0.0.0",  # noqa: S104 - a sidecar is probed from outside its container
+        description="Address the HTTP server listens on, e.g. 127.0.0.1 for local probes only.",
+    )
     ready_max_lag_seconds: float = Field(
         60.0, gt=0, description="/readyz fails while the relay lags more than this."
     )
@@ -329,10 +364,55 @@ class Settings(BaseSettings):
                 raise ValueError(f"not a valid regular expression: {exc}") from None
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """``*_FILE`` settings: read the files; the database URL comes from one place only."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        url_file = data.get("database_url_file")
+        if url_file:
+            if data.get("database_url"):
+                raise ConfigError(
+                    f"invalid configuration: {env_name('database_url_file')}: set either it or "
+                    f"{env_name('database_url')}, not both"
+                )
+            data["database_url"] = read_secret_file("database_url_file", url_file).strip()
+        props_file = data.get("kafka_producer_config_file")
+        if props_file:
+            from_file = parse_properties(read_secret_file("kafka_producer_config_file", props_file))
+            given = data.get("kafka_producer_config") or {}
+            if isinstance(given, str):
+                given = _json_object("kafka_producer_config", given)
+            if isinstance(given, dict):
+                data["kafka_producer_config"] = {**from_file, **given}
+        return data
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: SecretStr) -> SecretStr:
+        database_url.parse(value.get_secret_value())  # InvalidDatabaseUrl never quotes it
+        return value
+
     @field_validator("outbox_table")
     @classmethod
     def _qualified_table(cls, value: str) -> str:
         return qualify_table(value)
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_topic(cls, value: str) -> str:
+        if not LEGAL_TOPIC.match(value) or value in (".", ".."):
+            raise ValueError("Kafka allows 1-249 of [a-zA-Z0-9._-], not . or ..")
+        return value
+
+    @field_validator("http_host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value or re.search(r"[\s/@]", value):
+            raise ValueError("an IP address or host name")
+        return value
 
     @field_validator("message_prefix")
     @classmethod
@@ -423,23 +503,52 @@ def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
 
-def redact_url(url: str) -> str:
-    """Drop the password from a libpq URI, or from a ``key=value`` connection string."""
-    if not _URI_SCHEME.match(url):
-        return _CONNINFO_PASSWORD.sub(r"\1***", url)
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    # Rebuilt by hand: urlunsplit drops an empty authority (postgresql:///db?host=/socket).
-    redacted = f"{parts.scheme}://{netloc}{parts.path}"
-    if parts.query:
-        redacted += "?" + re.sub(r"(password=)[^&]*", r"\1***", parts.query)
-    if parts.fragment:
-        redacted += "#" + parts.fragment
-    return redacted
+__all__ = ["redact_url"]  # re-exported: callers print the URL through config's redaction
+
+
+def read_secret_file(field: str, path: object) -> str:
+    """The text of a ``*_FILE`` setting's file; a failure names the setting, not the content."""
+    try:
+        return Path(str(path)).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(
+            f"invalid configuration: {env_name(field)}: cannot read {path}: {reason}"
+        ) from None
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Kafka client properties from a file: a JSON object, or ``key=value`` lines.
+
+    Lines are Java-properties style without escapes: blank lines and lines starting with ``#``
+    or ``!`` are skipped, the key ends at the first ``=``, and both sides are stripped. Errors
+    name the line number, never its content (it may be a password).
+    """
+    if text.lstrip().startswith("{"):
+        return _json_object("kafka_producer_config_file", text)
+    props: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"invalid configuration: {env_name('kafka_producer_config_file')}: line {number} "
+                "is not key=value"
+            )
+        props[key.strip()] = value.strip()
+    return props
+
+
+def _json_object(field: str, text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(f"invalid configuration: {env_name(field)}: not a JSON object")
+    return value
 
 
 def is_secret_property(key: str) -> bool:
@@ -449,6 +558,30 @@ def is_secret_property(key: str) -> bool:
 
 def redact_properties(props: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if is_secret_property(k) else v) for k, v in props.items()}
+
+
+def check_producer_config(settings: Settings) -> None:
+    """librdkafka's own verdict on the producer properties: ConfigError naming the setting.
+
+    A Producer built and dropped at once is the only complete check: librdkafka knows hundreds
+    of properties, their types and their ranges. Built without bootstrap servers, it connects
+    nowhere; its log lines (about that) go nowhere.
+    """
+    from confluent_kafka import KafkaException, Producer  # noqa: PLC0415 - heavy, only for run
+
+    config = settings.producer_config()
+    probe: dict[str, Any] = {k: v for k, v in config.items() if k != "bootstrap.servers"}
+    probe["logger"] = _SILENT
+    try:
+        Producer(probe)
+    except (KafkaException, ValueError, TypeError) as exc:
+        message = str(exc.args[0].str() if isinstance(exc, KafkaException) else exc)
+        for key, value in config.items():
+            if is_secret_property(key) and value:
+                message = message.replace(value, "***")
+        raise ConfigError(
+            f"invalid configuration: {env_name('kafka_producer_config')}: {message}"
+        ) from None
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -9,7 +9,6 @@ resume). librdkafka exceptions do not leave this module except as the project's 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from cdc_relay.config import LEGAL_TOPIC
 from cdc_relay.errors import SinkUnavailable
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
@@ -46,7 +46,6 @@ _SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
 METADATA_TIMEOUT = 10.0
-LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 # Connection and security properties: all an AdminClient needs (it refuses producer ones).
 _CLIENT_PROPERTY_PREFIXES = (
     "bootstrap.servers",

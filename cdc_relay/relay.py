@@ -175,7 +175,11 @@ class Relay:
         server = None
         if self.settings.http_port:
             server = HealthServer(
-                self.settings.http_port, self.stats, metrics.prometheus_text, self.readiness
+                self.settings.http_port,
+                self.stats,
+                metrics.prometheus_text,
+                self.readiness,
+                self.settings.http_host,
             )
             server.start()
         try:
@@ -206,10 +210,13 @@ class Relay:
                         raise
                     if isinstance(exc, SinkUnavailable):
                         self._drop_publisher(purge=True)
+                    # Only transient failures get here; permanent ones (ConfigError, a
+                    # SourceSetupError such as failed authentication) end run() at once.
                     log.warning(
-                        "session ended, resuming from the confirmed position",
+                        "session ended, retrying from the confirmed position",
                         extra={
                             "fields": {
+                                "transient": True,
                                 "reason": str(exc),
                                 "retry_in_s": round(backoff, 2),
                                 "resume_lsn": format_lsn(self._confirmed or 0),

@@ -1,16 +1,26 @@
 """The health/metrics HTTP server: ``/healthz``, ``/readyz``, ``/metrics``, ``/status``.
 
-A stdlib ``ThreadingHTTPServer`` on its own daemon thread: handlers only read
-:class:`RelayStats` and ask the relay whether it is ready, so a slow scrape never blocks the loop.
+HTTP clients are strangers: the server must never let them take the file descriptors, threads or
+CPU the relay needs. One thread owns every connection through a selector: it accepts, reads the
+request head (at most :data:`MAX_REQUEST_BYTES`, within :data:`REQUEST_TIMEOUT`), and holds at
+most ``max_connections`` sockets open; when full, a new connection evicts the one that has been
+waiting longest for its request, so idle connections cannot lock out a probe. Complete requests go
+to a small pool of workers (answering ``/readyz`` may wait for Kafka), which write the answer and
+close: one request per connection. Handlers only read :class:`RelayStats` and ask the relay
+whether it is ready, so a slow scrape never blocks the relay's loop.
 """
 
 from __future__ import annotations
 
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
 
 import orjson
 
@@ -20,8 +30,24 @@ from cdc_relay.observability.stats import RelayStats
 log = logging.getLogger(__name__)
 
 LIVENESS_TIMEOUT = 30.0  # seconds without a main-loop iteration before /healthz fails
+MAX_CONNECTIONS = 64  # open HTTP sockets at most, whatever clients do
+REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request line and headers
+WRITE_TIMEOUT = 5.0  # seconds a client has to take the answer
+MAX_REQUEST_BYTES = 8192
+WORKERS = 4
+_TICK = 0.25  # how often deadlines are checked
+_ACCEPT_PAUSE = 0.5  # after the process ran out of file descriptors
+_PATHS = ["/healthz", "/readyz", "/metrics", "/status"]
 
 ReadinessCheck = Callable[[], tuple[bool, str]]
+
+
+@dataclass
+class _Waiting:
+    """A connection whose request head has not arrived yet."""
+
+    since: float
+    head: bytearray = field(default_factory=bytearray)
 
 
 class HealthServer:
@@ -32,48 +58,65 @@ class HealthServer:
         metrics_text: Callable[[], bytes],
         readiness: ReadinessCheck,
         host: str = "0.0.0.0",  # noqa: S104 - a sidecar is probed from outside its container
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.stats = stats
         self._metrics_text = metrics_text
         self._readiness = readiness
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, content_type, body = server.respond(self.path.split("?", 1)[0])
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # probes every few seconds are not events of note
-
+        self._max_connections = max_connections
+        self._request_timeout = request_timeout
         try:
-            self._httpd = ThreadingHTTPServer((host, port), Handler)
+            family, _, _, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            self._listener = socket.create_server(address, family=family, backlog=128)
         except OSError as exc:
             raise ConfigError(
-                f"cannot serve health and metrics on port {port}: {exc.strerror}. "
-                "Choose another CDC_RELAY_HTTP_PORT, or 0 to disable"
+                f"cannot serve health and metrics on {host} port {port}: "
+                f"{exc.strerror or exc}. Choose another CDC_RELAY_HTTP_PORT (0 disables it) "
+                "or CDC_RELAY_HTTP_HOST"
             ) from None
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="cdc-relay-http", daemon=True
-        )
+        self._listener.setblocking(False)
+        self._host = host
+        self._selector = selectors.DefaultSelector()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._waiting: dict[socket.socket, _Waiting] = {}  # owned by the server thread
+        self._answering = 0  # handed to workers; guarded by _lock
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="cdc-relay-http-worker")
+        self._stopping = False
+        self._accept_paused_until = 0.0
+        self._thread = threading.Thread(target=self._serve, name="cdc-relay-http", daemon=True)
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return int(self._listener.getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._waiting) + self._answering
 
     def start(self) -> None:
         self._thread.start()
-        log.info("http server listening", extra={"fields": {"port": self.port}})
+        log.info("http server listening", extra={"fields": {"host": self._host, "port": self.port}})
 
     def stop(self) -> None:
+        self._stopping = True
         if self._thread.is_alive():
-            self._httpd.shutdown()  # waits for serve_forever, so only when it runs
-        self._httpd.server_close()
+            self._wake_writer.send(b"x")
+            self._thread.join(REQUEST_TIMEOUT)
+        self._workers.shutdown(wait=False, cancel_futures=True)
+        for conn in list(self._waiting):
+            conn.close()
+        self._waiting.clear()
+        self._selector.close()
+        self._listener.close()
+        self._wake_reader.close()
+        self._wake_writer.close()
 
     def respond(self, path: str) -> tuple[int, str, bytes]:
         if path == "/healthz":
@@ -88,7 +131,125 @@ class HealthServer:
             return 200, "text/plain; version=0.0.4; charset=utf-8", self._metrics_text()
         if path == "/status":
             return _json(200, self.stats.snapshot())
-        return _json(404, {"error": "not found", "paths": ["/healthz", "/readyz", "/metrics"]})
+        return _json(404, {"error": "not found", "paths": _PATHS})
+
+    # -- the server thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, "wake")
+        while not self._stopping:
+            for key, _ in self._selector.select(_TICK):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    continue  # stop() wants the loop to look at _stopping
+                else:
+                    self._read(key.fileobj)  # type: ignore[arg-type]
+            self._expire()
+
+    def _accept(self) -> None:
+        for _ in range(self._max_connections):
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                # Out of file descriptors (EMFILE/ENFILE): stop accepting for a moment rather
+                # than spin on a listener that stays readable.
+                log.warning("http server cannot accept", extra={"fields": {"error": str(exc)}})
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
+                return
+            if self.open_connections >= self._max_connections and not self._evict_oldest():
+                conn.close()  # every slot is being answered: this client tries again
+                continue
+            conn.setblocking(False)
+            with self._lock:
+                self._waiting[conn] = _Waiting(time.monotonic())
+            self._selector.register(conn, selectors.EVENT_READ, "read")
+
+    def _evict_oldest(self) -> bool:
+        if not self._waiting:
+            return False
+        oldest = min(self._waiting, key=lambda conn: self._waiting[conn].since)
+        self._close(oldest)
+        return True
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(MAX_REQUEST_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        head = self._waiting[conn].head
+        head += data
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            if len(head) > MAX_REQUEST_BYTES:
+                self._close(conn)
+            return
+        self._selector.unregister(conn)
+        with self._lock:
+            del self._waiting[conn]
+            self._answering += 1
+        self._workers.submit(self._answer, conn, bytes(head))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        for conn, waiting in list(self._waiting.items()):
+            if now - waiting.since > self._request_timeout:
+                self._close(conn)
+
+    def _close(self, conn: socket.socket) -> None:
+        self._selector.unregister(conn)
+        with self._lock:
+            del self._waiting[conn]
+        conn.close()
+
+    # -- the workers ----------------------------------------------------------------------------
+
+    def _answer(self, conn: socket.socket, head: bytes) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(WRITE_TIMEOUT)
+            method, path = _request_line(head)
+            if not method:
+                status, content_type, body = _json(400, {"error": "not an HTTP request"})
+            elif method not in ("GET", "HEAD"):
+                status, content_type, body = _json(405, {"error": "GET only"})
+            else:
+                try:
+                    status, content_type, body = self.respond(path)
+                except Exception:  # a bug in a handler must not kill the worker
+                    log.exception("http handler failed", extra={"fields": {"path": path}})
+                    status, content_type, body = _json(500, {"error": "internal error"})
+            reason = HTTPStatus(status).phrase
+            response = (
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            conn.sendall(response if method == "HEAD" else response + body)
+        except OSError:
+            pass  # the client left or was too slow to take the answer
+        finally:
+            conn.close()
+            with self._lock:
+                self._answering -= 1
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    """Method and path of ``GET /path?query HTTP/1.1``; empty strings for anything else."""
+    parts = head.split(b"\n", 1)[0].decode("latin-1").strip().split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return "", ""
+    return parts[0], parts[1].split("?", 1)[0]
 
 
 def _json(status: int, body: object) -> tuple[int, str, bytes]:

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.config import OutboxTable
+from cdc_relay.database_url import connect_error
 from cdc_relay.errors import SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.stream import APPLICATION_NAME
@@ -36,10 +37,12 @@ def connect(database_url: str) -> psycopg.Connection[tuple[object, ...]]:
             database_url, autocommit=True, application_name=APPLICATION_NAME, connect_timeout=10
         )
     except psycopg.OperationalError as exc:
-        message = str(exc).strip()
-        if "password authentication failed" in message or "does not exist" in message:
-            raise SourceSetupError(f"cannot connect to PostgreSQL: {message}") from None
-        raise SourceUnavailable(f"cannot connect to PostgreSQL: {message}") from None
+        raise connect_error(
+            str(exc), exc.sqlstate, database_url, "cannot connect to PostgreSQL"
+        ) from None
+    except psycopg.Error as exc:
+        # libpq refused the connection string itself; its message would quote it.
+        raise connect_error(str(exc), None, "", "cannot connect to PostgreSQL") from None
 
 
 class SourceDatabase:

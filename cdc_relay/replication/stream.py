@@ -14,6 +14,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
+from cdc_relay.database_url import connect_error, scrub
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.replication.protocol import standby_status_update
@@ -70,7 +71,7 @@ class ReplicationStream:
         if conn.status != pq.ConnStatus.OK:
             message = _text(conn.get_error_message())
             conn.finish()
-            _raise_for_connect(message)
+            _raise_for_connect(message, self._conninfo)
         # A replication command, not SQL: names are quoted identifiers (psycopg's Identifier;
         # wal2json's options have dashes), but the walsender's grammar knows only plain '...'
         # strings with '' for a quote — no E'' strings, which sql.Literal may produce.
@@ -184,16 +185,14 @@ def _text(value: bytes | str | None) -> str:
     return value.strip() if value else ""
 
 
-def _raise_for_connect(message: str) -> None:
+def _raise_for_connect(message: str, conninfo: str) -> None:
     lowered = message.lower()
-    if "password authentication failed" in lowered or "no pg_hba.conf entry" in lowered:
-        raise SourceSetupError(f"cannot connect for replication: {message}")
     if "must be superuser or replication role" in lowered or "permission denied" in lowered:
         raise SourceSetupError(
-            f"{message}. Grant it with: ALTER ROLE <user> WITH REPLICATION; "
+            f"{scrub(message, conninfo)}. Grant it with: ALTER ROLE <user> WITH REPLICATION; "
             "and allow replication connections in pg_hba.conf"
         )
-    raise SourceUnavailable(f"cannot connect for replication: {message}")
+    raise connect_error(message, None, conninfo, "cannot connect for replication")
 
 
 def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:

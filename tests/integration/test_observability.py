@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import orjson
 import psycopg
@@ -141,6 +144,54 @@ def test_readiness_follows_the_broker(
     finally:
         relay.close()
     assert status == 503
+
+
+IDLE_CONNECTIONS = 1000
+
+
+def _allow_open_files(count: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count:
+        wanted = count if hard == resource.RLIM_INFINITY else min(count, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= count, "hard limit of open files"
+
+
+def test_idle_http_connections_cannot_starve_the_relay(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=1)
+    _allow_open_files(IDLE_CONNECTIONS + 200)
+    port = free_port()
+    env = relay_env(database, broker.bootstrap_servers, unique, http_port=str(port))
+    env["CDC_RELAY_HTTP_HOST"] = "127.0.0.1"
+    relay = RelayProcess(env).start()
+    idle: list[socket.socket] = []
+    try:
+        relay.wait_streaming()
+        fds_before = len(os.listdir(f"/proc/{relay.pid}/fd"))
+        for _ in range(IDLE_CONNECTIONS):  # opened, never a byte sent
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n")
+            answer = probe.recv(1024)
+        elapsed = time.monotonic() - started
+        fds_during = len(os.listdir(f"/proc/{relay.pid}/fd"))
+        write_transactions(database, [[new_event("order")]])
+        assert len(consume_all(broker.bootstrap_servers, [topic], 1, 30)) == 1
+        assert http_get(port, "/healthz")[0] == 200
+        assert relay.stop() == 0
+    finally:
+        for conn in idle:
+            conn.close()
+        relay.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert elapsed < 1.0
+    # The relay holds at most 64 HTTP connections, however many clients open.
+    assert fds_during - fds_before <= 64 + 2, (fds_before, fds_during)
 
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -80,7 +80,8 @@ def test_help_lists_settings_with_their_variables(capsys: pytest.CaptureFixture[
     ]:
         assert flag in out
         assert env in out
-    assert "--kafka-producer-config" not in out
+    assert "--kafka-producer-config " not in out
+    assert "--kafka-producer-config-file" in out
 
 
 def test_no_flags_uses_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,3 +302,71 @@ def test_main_valid_settings_reach_run_and_return_its_code(
     logger = logging.getLogger("cdc_relay")
     assert logger.level == logging.DEBUG
     assert len(logger.handlers) == 1
+
+
+# -- secrets on the command line, SIGUSR1, librdkafka's verdict -----------------------------------
+
+
+def test_a_secret_kafka_property_flag_is_warned_about(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_for(
+        "run", "--kafka-property", f"sasl.password={SASL_PASSWORD}", "--kafka-property", "x.y=1"
+    )
+    assert settings.kafka_producer_config["sasl.password"] == SASL_PASSWORD
+    err = capsys.readouterr().err
+    assert "warning: --kafka-property sasl.password puts a secret on the command line" in err
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE" in err
+    assert "x.y" not in err
+    assert SASL_PASSWORD not in err
+
+
+def test_a_database_url_flag_with_a_password_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings_for("run", "--database-url", "postgresql://other/db")
+    assert capsys.readouterr().err == ""
+    settings_for("run", "--database-url", DB_URL)
+    err = capsys.readouterr().err
+    assert "warning: --database-url with a password" in err
+    assert "CDC_RELAY_DATABASE_URL_FILE" in err
+    assert DB_PASSWORD not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "target"),
+    [([], "run"), (["run"], "run"), (["sweep"], "sweep"), (["demo"], "demo")],
+)
+def test_long_running_commands_dump_stacks_on_sigusr1(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], target: str
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
+    monkeypatch.setattr(cli, "run", lambda _settings: 0)
+    monkeypatch.setattr(cli, "sweep", lambda _settings, once, wait: 0)
+    import cdc_relay.demo  # noqa: PLC0415 - only to replace its entry point
+
+    monkeypatch.setattr(cdc_relay.demo, "main", lambda _args: 0)
+    assert main(argv) == 0
+    assert calls == ["registered"], target
+
+
+@pytest.mark.parametrize("argv", [["check"], ["setup"], ["status"]])
+def test_short_commands_leave_sigusr1_alone(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
+    monkeypatch.setattr(cli, "maintenance", lambda _args, _settings: 0)
+    import cdc_relay.status  # noqa: PLC0415 - only to replace its entry point
+
+    monkeypatch.setattr(cdc_relay.status, "main", lambda _settings, _host: 0)
+    assert main(argv) == 0
+    assert calls == []
+
+
+def test_run_refuses_a_property_librdkafka_refuses(caplog: pytest.LogCaptureFixture) -> None:
+    settings = settings_for("run", "--kafka-property", "no.such.thing=1")
+    assert cli.run(settings) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert errors[0].startswith("invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG: ")
+    assert "no.such.thing" in errors[0]

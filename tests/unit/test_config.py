@@ -6,19 +6,26 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc_relay.config import (
     LogFormat,
     PoisonPolicy,
     Settings,
+    check_producer_config,
     env_name,
     is_secret_property,
     load_settings,
+    parse_properties,
     redact_properties,
     redact_url,
 )
+from cdc_relay.database_url import connect_failure_kind, has_password
 from cdc_relay.errors import ConfigError, RelayError
 
 DB_PASSWORD = "hunter2-db-Pw"
@@ -304,7 +311,9 @@ def secret_settings() -> Settings:
 
 def test_describe_hides_passwords() -> None:
     described = secret_settings().describe()
-    assert described["database_url"] == "postgresql://relay:***@db.example:5432/app"
+    assert (
+        described["database_url"] == "host=db.example port=5432 dbname=app user=relay password=***"
+    )
     assert described["kafka_producer_config"] == {
         "security.protocol": "SASL_SSL",
         "sasl.username": "relay",
@@ -321,7 +330,7 @@ def test_describe_hides_password_of_a_key_value_conninfo() -> None:
         database_url=f"host=db user=relay password={DB_PASSWORD} dbname=app",
         kafka_bootstrap_servers="k:1",
     )
-    assert settings.describe()["database_url"] == "host=db user=relay password=*** dbname=app"
+    assert settings.describe()["database_url"] == "host=db dbname=app user=relay password=***"
 
 
 def test_repr_and_str_of_settings_hide_passwords() -> None:
@@ -438,7 +447,7 @@ def test_idempotence_false_from_env_is_refused(monkeypatch: pytest.MonkeyPatch) 
     assert "enable.idempotence" in message
 
 
-# -- redact_url -----------------------------------------------------------------------------------
+# -- redact_url: libpq's reading of the URL, never a pattern over it ----------------------------
 
 
 @pytest.mark.parametrize(
@@ -446,63 +455,78 @@ def test_idempotence_false_from_env_is_refused(monkeypatch: pytest.MonkeyPatch) 
     [
         (
             "postgresql://relay:hunter2@db.example:5432/app",
-            "postgresql://relay:***@db.example:5432/app",
+            "host=db.example port=5432 dbname=app user=relay password=***",
         ),
-        ("postgres://relay:hunter2@db/app", "postgres://relay:***@db/app"),
-        ("postgresql://relay@db.example/app", "postgresql://relay@db.example/app"),
-        ("postgresql://db.example/app", "postgresql://db.example/app"),
-        ("postgresql://relay:@db/app", "postgresql://relay:***@db/app"),
-        ("postgresql://:hunter2@db/app", "postgresql://:***@db/app"),
-        ("postgresql://relay:hun@ter2@db/app", "postgresql://relay:***@db/app"),
-        ("postgresql://relay:hun%40ter2@db/app", "postgresql://relay:***@db/app"),
-        ("postgresql://relay:hun:ter2@db/app", "postgresql://relay:***@db/app"),
+        ("postgres://relay:hunter2@db/app", "host=db dbname=app user=relay password=***"),
+        ("postgresql://relay@db.example/app", "host=db.example dbname=app user=relay"),
+        ("postgresql://db.example/app", "host=db.example dbname=app"),
+        ("postgresql://:hunter2@db/app", "host=db dbname=app password=***"),
+        ("postgresql://relay:hun%40ter2@db/app", "host=db dbname=app user=relay password=***"),
+        ("postgresql://relay:hun:ter2@db/app", "host=db dbname=app user=relay password=***"),
+        # libpq reads ?, # and : inside the user info as part of the password.
+        ("postgresql://relay:hun?ter2@db/app", "host=db dbname=app user=relay password=***"),
+        ("postgresql://relay:hun#ter2@db/app", "host=db dbname=app user=relay password=***"),
+        (
+            "postgresql://relay:h?sslmode=disable#x@db/app",
+            "host=db dbname=app user=relay password=***",
+        ),
         (
             "postgresql://relay:hunter2@h1:5432,h2:5433/app",
-            "postgresql://relay:***@h1:5432,h2:5433/app",
+            "host=h1,h2 port=5432,5433 dbname=app user=relay password=***",
         ),
-        ("postgresql://relay:hunter2@[::1]:5432/app", "postgresql://relay:***@[::1]:5432/app"),
+        (
+            "postgresql://relay:hunter2@[::1]:5432/app",
+            "host=::1 port=5432 dbname=app user=relay password=***",
+        ),
         (
             "postgresql://db/app?password=hunter2&sslmode=require",
-            "postgresql://db/app?password=***&sslmode=require",
+            "host=db dbname=app password=*** sslmode=require",
         ),
         (
-            "postgresql://db/app?sslmode=require&password=hunter2",
-            "postgresql://db/app?sslmode=require&password=***",
+            "postgresql://db/app?sslpassword=hunter2",
+            "host=db dbname=app sslpassword=***",
         ),
         (
-            "postgresql://relay:hunter2@db/app?password=hunter2",
-            "postgresql://relay:***@db/app?password=***",
-        ),
-        (
-            "postgresql://relay:hunter2@db/app?application_name=x#frag",
-            "postgresql://relay:***@db/app?application_name=x#frag",
+            "postgresql:///app?host=/var/run/postgresql&password=hunter2",
+            "host=/var/run/postgresql dbname=app password=***",
         ),
         (
             "host=db user=relay password=hunter2 dbname=app",
-            "host=db user=relay password=*** dbname=app",
+            "host=db dbname=app user=relay password=***",
         ),
-        ("host=db password='hunter 2' dbname=app", "host=db password=*** dbname=app"),
-        ("host=db password = hunter2", "host=db password = ***"),
+        ("host=db password='hunter 2' dbname=app", "host=db dbname=app password=***"),
+        (r"host=db password='it\'s hunter2' user=relay", "host=db user=relay password=***"),
+        ("host=db password = hunter2", "host=db password=***"),
         ("password=hunter2", "password=***"),
-        ("host=db user=relay dbname=app", "host=db user=relay dbname=app"),
+        ("host=db user=relay dbname=app", "host=db dbname=app user=relay"),
+        ("host=db password=ab://hunter2 user=relay", "host=db user=relay password=***"),
+        ("postgresql://relay:hun%zzter2@db/app", "<not a valid connection string>"),
+        ("not a url hunter2", "<not a valid connection string>"),
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:
     assert redact_url(url) == expected
 
 
-def test_redact_url_keeps_an_empty_host_part() -> None:
-    # A Unix-socket URI: the host is in the query string, the authority is empty ("///").
-    url = "postgresql:///app?host=/var/run/postgresql&password=hunter2"
-    assert redact_url(url) == "postgresql:///app?host=/var/run/postgresql&password=***"
+NASTY_PASSWORDS = [
+    "pa?ss-hunter2",
+    "pa#ss-hunter2",
+    "pa:ss-hunter2",
+    "pa%ss-hunter2",
+    "pa@ss-hunter2",
+    "pa/ss-hunter2",
+    "pässwörd-hünter2",
+    "?#/@%:é-hunter2",
+]
 
 
-def test_redact_url_conninfo_with_escaped_quote_in_password() -> None:
-    # libpq conninfo: inside single quotes, \' is a literal quote.
-    redacted = redact_url(r"host=db password='it\'s hunter2' user=relay")
-    assert "hunter2" not in redacted
-    assert redacted.startswith("host=db password=***")
-    assert redacted.endswith(" user=relay")
+def shown_or_refused(url: str) -> str:
+    """What an operator could see of ``url``: the start-up line's URL, or the config error."""
+    try:
+        settings = load_settings(database_url=url, kafka_bootstrap_servers="k:1")
+    except ConfigError as exc:
+        return str(exc)
+    return f"{settings.describe()['database_url']} {settings!r} {settings}"
 
 
 def test_redact_url_conninfo_with_scheme_like_password() -> None:
@@ -545,3 +569,289 @@ def test_table_names_are_taken_literally(table: str, sql_text: str) -> None:
     (only,) = settings.tables()
     assert only.table == table, "no case folding"
     assert only.sql_name == sql_text
+
+
+@pytest.mark.parametrize("password", NASTY_PASSWORDS)
+def test_an_unencoded_password_is_refused_or_masked(password: str) -> None:
+    text = shown_or_refused(f"postgresql://relay:{password}@db.example:5432/app")
+    assert "hunter2" not in text
+    assert "ss-" not in text
+    if any(c in password for c in "@/%"):
+        # libpq would read part of it as the host, the port or the database, or cannot decode
+        # it: refused, unquoted.
+        assert text.startswith("invalid configuration: CDC_RELAY_DATABASE_URL: ")
+    else:
+        assert text.startswith("host=db.example port=5432 dbname=app user=relay password=*** ")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://relay:hun%zzter2@db/app",
+        "postgresql://relay:hun ter2@db/app",
+        "postgresql://relay:hun%00ter2@db/app",
+        "postgresql://relay:hun@ter2@db/app",
+        "postgresql://relay:hun/ter2@db/app",
+        "postgresql://relay:hunter2@db/app?bogus_hunter2=1",
+        "hunter2",
+        "host=db password='hunter2",
+        "host=db password=hunter2 sslmode=bogus",
+        "host=db password=hunter2 port=hunter2",
+    ],
+)
+def test_an_invalid_url_is_refused_without_echo(url: str) -> None:
+    message = config_error(database_url=url, kafka_bootstrap_servers="k:1")
+    assert message.startswith("invalid configuration: CDC_RELAY_DATABASE_URL: ")
+    assert "hunter2" not in message
+    assert "ter2" not in message
+    assert "\n" not in message
+
+
+def test_bogus_sslmode_is_named() -> None:
+    message = config_error(
+        database_url="postgresql://db/app?sslmode=bogus", kafka_bootstrap_servers="k:1"
+    )
+    assert "CDC_RELAY_DATABASE_URL: sslmode must be one of" in message
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=st.text(min_size=1, max_size=24).filter(lambda t: "\x00" not in t))
+def test_any_percent_encoded_password_round_trips_and_is_masked(secret: str) -> None:
+    password = "Zq9" + secret
+    url = f"postgresql://relay:{quote(password, safe='')}@db.example:5432/app"
+    settings_ = load_settings(database_url=url, kafka_bootstrap_servers="k:1")
+    assert conninfo_to_dict(settings_.database_url.get_secret_value())["password"] == password
+    assert password not in settings_.describe()["database_url"]
+    assert password not in repr(settings_)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=st.text(alphabet=st.sampled_from("?#/@%:é aZ09=&'\\\""), min_size=1, max_size=16))
+def test_any_unencoded_password_is_refused_or_masked(secret: str) -> None:
+    password = "Zq9" + secret
+    for url in (
+        f"postgresql://relay:{password}@db.example:5432/app",
+        f"postgresql://db.example/app?password={password}",
+    ):
+        assert "Zq9" not in shown_or_refused(url)
+
+
+def test_has_password() -> None:
+    assert has_password("postgresql://relay:x@db/app")
+    assert has_password("host=db password=x")
+    assert not has_password("postgresql://relay@db/app")
+    assert not has_password("postgresql://relay:hun%zz@db/app")
+
+
+# -- secrets from files ---------------------------------------------------------------------------
+
+
+def test_database_url_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text(DB_URL + "\n", encoding="utf-8")
+    settings = load_settings(database_url_file=str(secret), kafka_bootstrap_servers="k:1")
+    assert settings.database_url.get_secret_value() == DB_URL
+    assert_no_secret(str(settings.describe()))
+
+
+def test_database_url_file_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text(DB_URL, encoding="utf-8")
+    monkeypatch.setenv("CDC_RELAY_DATABASE_URL_FILE", str(secret))
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "k:1")
+    assert load_settings().database_url.get_secret_value() == DB_URL
+
+
+def test_database_url_and_its_file_together_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text(DB_URL, encoding="utf-8")
+    message = config_error(
+        database_url=DB_URL, database_url_file=str(secret), kafka_bootstrap_servers="k:1"
+    )
+    assert "CDC_RELAY_DATABASE_URL_FILE" in message
+    assert_no_secret(message)
+
+
+def test_unreadable_secret_file_is_named(tmp_path: Path) -> None:
+    message = config_error(
+        database_url_file=str(tmp_path / "missing"), kafka_bootstrap_servers="k:1"
+    )
+    assert message.startswith("invalid configuration: CDC_RELAY_DATABASE_URL_FILE: cannot read")
+
+
+def test_invalid_url_in_a_file_is_refused_without_echo(tmp_path: Path) -> None:
+    secret = tmp_path / "db_url"
+    secret.write_text("postgresql://relay:hun%zzter2@db/app", encoding="utf-8")
+    message = config_error(database_url_file=str(secret), kafka_bootstrap_servers="k:1")
+    assert "CDC_RELAY_DATABASE_URL" in message
+    assert "hunter2" not in message
+    assert "zzter2" not in message
+
+
+def test_kafka_properties_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    props = tmp_path / "kafka.properties"
+    props.write_text(
+        "# SASL\n"
+        "security.protocol=SASL_SSL\n"
+        f"sasl.password = {SASL_PASSWORD}\n"
+        "\n"
+        "! another comment\n"
+        "linger.ms=1\n"
+        "sasl.jaas.config=a=b c=d\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE", str(props))
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG", '{"linger.ms": 20}')
+    settings = load_settings(**REQUIRED)
+    assert settings.kafka_producer_config == {
+        "security.protocol": "SASL_SSL",
+        "sasl.password": SASL_PASSWORD,
+        "linger.ms": "20",  # the variable wins over the file
+        "sasl.jaas.config": "a=b c=d",
+    }
+    assert_no_secret(str(settings.describe()))
+    assert_no_secret(repr(settings))
+
+
+def test_kafka_properties_file_as_json(tmp_path: Path) -> None:
+    props = tmp_path / "kafka.json"
+    props.write_text(json.dumps({"sasl.password": SASL_PASSWORD, "linger.ms": 3}), "utf-8")
+    settings = load_settings(**REQUIRED, kafka_producer_config_file=str(props))
+    assert settings.kafka_producer_config == {"sasl.password": SASL_PASSWORD, "linger.ms": "3"}
+
+
+def test_kafka_properties_file_errors_name_the_line_not_its_content(tmp_path: Path) -> None:
+    props = tmp_path / "kafka.properties"
+    props.write_text(f"linger.ms=1\n{SASL_PASSWORD}\n", encoding="utf-8")
+    message = config_error(**REQUIRED, kafka_producer_config_file=str(props))
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE: line 2" in message
+    assert_no_secret(message)
+    props.write_text(f'{{"sasl.password": "{SASL_PASSWORD}"', encoding="utf-8")
+    message = config_error(**REQUIRED, kafka_producer_config_file=str(props))
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE: not a JSON object" in message
+    assert_no_secret(message)
+
+
+def test_kafka_properties_file_cannot_weaken_the_producer(tmp_path: Path) -> None:
+    props = tmp_path / "kafka.properties"
+    props.write_text("enable.idempotence=false\n", encoding="utf-8")
+    message = config_error(**REQUIRED, kafka_producer_config_file=str(props))
+    assert "enable.idempotence" in message
+
+
+@given(
+    props=st.dictionaries(
+        st.from_regex(r"[a-z][a-z0-9._]{0,20}", fullmatch=True),
+        st.text(
+            alphabet=st.characters(blacklist_categories=["Cc", "Cs", "Zl", "Zp"]), max_size=30
+        ).map(str.strip),
+        max_size=8,
+    )
+)
+def test_properties_lines_round_trip(props: dict[str, str]) -> None:
+    text = "".join(f"{key} = {value}\n" for key, value in props.items())
+    assert parse_properties(text) == props
+
+
+@given(text=st.text(max_size=200))
+def test_properties_parser_takes_any_text(text: str) -> None:
+    try:
+        parsed = parse_properties(text)
+    except ConfigError as exc:
+        parsed = {"error": str(exc)}
+        assert parsed["error"].startswith(
+            "invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE"
+        )
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.items())
+
+
+# -- numbers, topics, hosts, librdkafka's verdict ------------------------------------------------
+
+FLOAT_FIELDS = [name for name, field in Settings.model_fields.items() if field.annotation is float]
+
+
+def test_there_are_float_settings() -> None:
+    assert "confirm_interval" in FLOAT_FIELDS
+    assert len(FLOAT_FIELDS) >= 10
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity", float("inf"), float("nan")])
+def test_non_finite_numbers_are_refused(field: str, value: object) -> None:
+    message = config_error(**REQUIRED, **{field: value})
+    assert env_name(field) in message
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "", ".", "..", "a" * 250, "dlq/x", "dlq\n"])
+def test_dead_letter_topic_is_checked_at_start(topic: str) -> None:
+    message = config_error(**REQUIRED, dead_letter_topic=topic)
+    assert "CDC_RELAY_DEAD_LETTER_TOPIC" in message
+
+
+def test_http_host() -> None:
+    assert load_settings(**REQUIRED).http_host == "0.0.0.0"
+    assert load_settings(**REQUIRED, http_host="127.0.0.1").http_host == "127.0.0.1"
+    assert "CDC_RELAY_HTTP_HOST" in config_error(**REQUIRED, http_host="a b")
+
+
+@pytest.mark.parametrize(
+    ("props", "named"),
+    [
+        ({"no.such.property": "1"}, "no.such.property"),
+        ({"linger.ms": "soon"}, "Invalid value"),
+        ({"compression.type": "zip"}, "compression"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}, "sasl.username"),
+    ],
+)
+def test_librdkafka_refuses_bad_properties_as_a_config_error(
+    props: dict[str, str], named: str
+) -> None:
+    settings = load_settings(**REQUIRED, kafka_producer_config=props)
+    with pytest.raises(ConfigError) as info:
+        check_producer_config(settings)
+    message = str(info.value)
+    assert message.startswith("invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG: ")
+    assert named in message
+    assert "\n" not in message
+
+
+def test_librdkafka_errors_never_echo_secret_values() -> None:
+    settings = load_settings(
+        **REQUIRED,
+        kafka_producer_config={"security.protocol": "SSL", "ssl.key.pem": SASL_PASSWORD},
+    )
+    with pytest.raises(ConfigError) as info:
+        check_producer_config(settings)
+    assert_no_secret(str(info.value))
+
+
+def test_good_properties_pass_librdkafka() -> None:
+    check_producer_config(
+        load_settings(**REQUIRED, kafka_producer_config={"linger.ms": "10", "acks": "all"})
+    )
+
+
+# -- connection failures: permanent or transient --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "sqlstate", "kind"),
+    [
+        ('invalid sslmode value: "bogus"', None, "config"),
+        ('invalid port number: "x"', None, "config"),
+        ('FATAL:  password authentication failed for user "relay"', "28P01", "permanent"),
+        ('FATAL:  database "nope" does not exist', "3D000", "permanent"),
+        ('FATAL:  role "nope" does not exist', "28000", "permanent"),
+        ('FATAL:  no pg_hba.conf entry for host "1.2.3.4"', None, "permanent"),
+        ("server does not support SSL, but SSL was required", None, "permanent"),
+        ('could not translate host name "db.invalid" to address', None, "transient"),
+        ("Connection refused", None, "transient"),
+        ("timeout expired", None, "transient"),
+        ("FATAL:  sorry, too many clients already", "53300", "transient"),
+        ("FATAL:  the database system is starting up", "57P03", "transient"),
+    ],
+)
+def test_connect_failure_kind(message: str, sqlstate: str | None, kind: str) -> None:
+    assert connect_failure_kind(message, sqlstate) == kind

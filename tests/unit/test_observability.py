@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -89,6 +92,114 @@ def test_health_answers() -> None:
         stats.last_loop = time.monotonic() - LIVENESS_TIMEOUT - 1
         assert server.respond("/healthz")[0] == 503
     finally:
+        server.stop()
+
+
+def _get(port: int, path: str, timeout: float = 2.0, method: str = "GET") -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        return _status_and_body(_read_all(conn))
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status_and_body(response: bytes) -> tuple[int, bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+@pytest.fixture
+def running() -> Iterator[HealthServer]:
+    server = HealthServer(
+        0,
+        RelayStats(),
+        lambda: b"# metrics\n",
+        lambda: (True, "streaming"),
+        host="127.0.0.1",
+        max_connections=8,
+        request_timeout=0.5,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_served_over_http(running: HealthServer) -> None:
+    assert _get(running.port, "/healthz") == (200, b'{"status":"ok"}')
+    assert _get(running.port, "/readyz?verbose=1")[0] == 200
+    assert _get(running.port, "/metrics") == (200, b"# metrics\n")
+    assert _get(running.port, "/nope")[0] == 404
+    assert _get(running.port, "/healthz", method="POST")[0] == 405
+    assert _get(running.port, "/healthz", method="HEAD") == (200, b"")
+    with socket.create_connection(("127.0.0.1", running.port), timeout=2) as conn:
+        conn.sendall(b"\x16\x03\x01 not http\r\n\r\n")
+        assert _status_and_body(_read_all(conn))[0] == 400
+
+
+def test_listens_only_on_the_given_host(running: HealthServer) -> None:
+    assert running._listener.getsockname()[0] == "127.0.0.1"
+
+
+def test_an_idle_connection_is_closed_after_the_request_timeout(running: HealthServer) -> None:
+    with socket.create_connection(("127.0.0.1", running.port), timeout=5) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finishes its headers
+        started = time.monotonic()
+        assert conn.recv(100) == b""
+        assert 0.4 < time.monotonic() - started < 2.0
+
+
+def test_an_oversized_request_is_dropped(running: HealthServer) -> None:
+    with socket.create_connection(("127.0.0.1", running.port), timeout=5) as conn:
+        try:
+            conn.sendall(b"GET /" + b"a" * 20_000)
+            received = conn.recv(100)
+        except ConnectionResetError:
+            received = b""
+        assert received == b""
+
+
+def test_idle_connections_cannot_lock_out_a_probe(running: HealthServer) -> None:
+    idle = [socket.create_connection(("127.0.0.1", running.port), timeout=2) for _ in range(50)]
+    try:
+        time.sleep(0.1)
+        assert running.open_connections <= 8
+        started = time.monotonic()
+        assert _get(running.port, "/healthz", timeout=1.0)[0] == 200
+        assert time.monotonic() - started < 1.0
+        assert running.open_connections <= 8
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_a_slow_readiness_check_does_not_hold_up_liveness() -> None:
+    release = threading.Event()
+
+    def slow_readiness() -> tuple[bool, str]:
+        release.wait(5)
+        return True, "streaming"
+
+    server = HealthServer(0, RelayStats(), lambda: b"", slow_readiness, host="127.0.0.1")
+    server.start()
+    slow = [threading.Thread(target=_get, args=(server.port, "/readyz", 10.0)) for _ in range(2)]
+    try:
+        for thread in slow:
+            thread.start()
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert _get(server.port, "/healthz", timeout=1.0)[0] == 200
+        assert time.monotonic() - started < 0.5
+    finally:
+        release.set()
+        for thread in slow:
+            thread.join()
         server.stop()
 
 
