@@ -638,21 +638,26 @@ def _option_hint(field: object) -> str:
 
 
 def _loads_lossy(data: bytes | memoryview, error: orjson.JSONDecodeError) -> Any:
-    """Parse a message that orjson refused. wal2json copies the bytes of a logical message's
-    content (and, in a non-UTF-8 database, of every text) unchecked, so its JSON may hold invalid
-    UTF-8; read it with the invalid bytes as surrogates, so they can be restored exactly."""
+    """Parse a message that orjson refused, with the standard library's parser. Two kinds of
+    valid message land here: a number beyond a double's range (a ``numeric`` column holding
+    ``1e400``, which wal2json prints as 401 digits; the values are then re-read exactly as text),
+    and invalid UTF-8 (wal2json copies a logical message's content, and in a non-UTF-8 database
+    every text, unchecked): read with the invalid bytes as surrogates, restored exactly later."""
     raw = bytes(data)
     try:
-        raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        pass
-    else:  # valid UTF-8, so it is bad JSON
-        detail = error.args[0] if error.args else str(error)
-        raise DecodeError(
-            f"wal2json message is not valid JSON: {detail} (message is {len(raw)} bytes)",
-            offset=error.pos,
-            message_type=None,
-        ) from None
+        text = None
+    if text is not None:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            detail = error.args[0] if error.args else str(error)
+            raise DecodeError(
+                f"wal2json message is not valid JSON: {detail} (message is {len(raw)} bytes)",
+                offset=error.pos,
+                message_type=None,
+            ) from None
     try:
         return json.loads(raw.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as exc:

@@ -452,6 +452,22 @@ def test_typed_values_spelled_out() -> None:
     assert [r["n"] for r in rows] == [b"-0.000000000000000000001", b"0.000"]
 
 
+def test_a_numeric_beyond_a_double_is_a_value_not_an_undecodable_stream() -> None:
+    """``numeric`` 1e400 is printed as 401 bare digits, which orjson refuses (a double's range):
+    the message is read with the standard parser and the value kept exactly, never a
+    ProtocolError that would stop the relay at this row on every start."""
+    entry = next(
+        e
+        for e, msgs in decoded("values")
+        if e["step"] == 4 and any(isinstance(m, Insert) for m in msgs)
+    )
+    huge = b"1" + b"0" * 400
+    data = raw(entry).replace(b"123456789012345678901234567890", huge, 1)
+    assert huge in data
+    insert = one(Wal2JsonDecoder().decode(data, wal_start(entry)), Insert)
+    assert huge in insert.new
+
+
 def test_nan_and_infinity_are_lost_by_wal2json() -> None:
     """wal2json 2.5 prints NaN and ±Infinity of numeric/real/double as JSON null."""
     (row,) = typed_rows(3)
