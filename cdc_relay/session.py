@@ -78,7 +78,9 @@ class ReplicationSource(Protocol):
 class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
     """The Kafka adapter (:class:`~cdc_relay.publisher.Publisher`)."""
 
-    produce_raw: Callable[..., None]  # the hot path's bound librdkafka call
+    @property
+    def produce_raw(self) -> Callable[..., None]:
+        """The hot path's bound librdkafka call; raises what librdkafka raises."""
 
     def in_flight(self) -> int: ...
 
