@@ -4,7 +4,7 @@ The catch-up scenario measures the relay together with PostgreSQL and the broker
 cores, and on a shared virtual machine its timings move by ±25 % from one minute to the next. To
 judge a change to the hot path (decoding, mapping, producing, acknowledging) this takes the
 database's side out: the stream of a backlog is recorded once, then fed from memory to the very
-session loop the relay runs (``cdc_relay.relay._Session``), with a real producer and a real
+session loop the relay runs (``cdc_relay.session.Session``), with a real producer and a real
 broker, and a real database connection for the position record. Reported per event: the CPU
 of the main thread (the relay's bottleneck in a catch-up) and of the whole process, the minimum
 and median over several replays. ``--callgrind`` also counts instructions per event under
@@ -46,11 +46,13 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.cli import tune_garbage_collector
 from cdc_relay.config import Settings
 from cdc_relay.decoding import plugin_options_for
+from cdc_relay.errors import StopSession
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.publisher import Publisher
-from cdc_relay.relay import Relay, _Session, _Stopping
+from cdc_relay.relay import Relay
 from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_HEADER
 from cdc_relay.replication.stream import ReplicationStream
+from cdc_relay.session import Session
 
 DRAIN_BYTES = 16 * 1024  # libpq reads about this much at a time: the loop sees it run out
 _LENGTH = struct.Struct(">I")
@@ -158,19 +160,24 @@ def replay_once(
         store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
         store.ensure_table()
         feed = FrameFeed(frames, relay)
-        session = _Session(
+        session = Session(
             relay,
-            stream=feed,  # type: ignore[arg-type]  # the recording stands in for the server
+            settings,
+            relay.stats,
+            relay.tracing,
+            relay.topic_rules,
+            source=feed,  # the recording stands in for the server
+            sink=publisher,
             store=store,
-            conn=conn,
-            publisher=publisher,
             start=0,
+            heartbeat=lambda: None,
+            retained_wal=lambda: None,
         )
         session.ensure_topic(TOPIC)  # metadata round trip outside the measurement
         if toggle:
             subprocess.run([*toggle, "on", str(os.getpid())], check=True, capture_output=True)
         wall, main, process = time.perf_counter(), time.thread_time(), _process_cpu()
-        with contextlib.suppress(_Stopping):  # raised once the recording is all read
+        with contextlib.suppress(StopSession):  # raised once the recording is all read
             session.stream()
         session.drain()
         main = time.thread_time() - main

@@ -62,3 +62,11 @@ class ProtocolError(SourceError):
     """The server sent something the relay cannot interpret; stopping is the only safe choice."""
 
     exit_code = 6
+
+
+class StopSession(Exception):
+    """Not an error: a stop was requested (or a failure recorded) inside a session.
+
+    Raised where the session notices it and caught by the relay, which then runs the session's
+    clean shutdown (drain, confirm). What to report afterwards, if anything, the relay decides.
+    """

@@ -3,7 +3,9 @@
 confluent-kafka reports each record's fate in a delivery callback served by ``poll()``. Successes
 decrement their transaction's pending count (see :mod:`cdc_relay.watermark`); failures are queued
 and classified here as *permanent* for that record (dead-letter or stop) or *transient* (rebuild and
-resume). librdkafka exceptions do not leave this module except as the project's own errors.
+resume). librdkafka's exceptions are mapped here, in :func:`refusal`, to the project's own errors;
+the one place they surface unmapped is the hot path's bound ``produce_raw``, whose caller hands
+whatever it raises straight to :func:`refusal`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ _SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_
 # Our own teardown: the records are re-sent by the next session.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
+UNPRODUCIBLE = "UNPRODUCIBLE_RECORD"  # error code of a record confluent-kafka refused to take
 METADATA_TIMEOUT = 10.0
 # Connection and security properties: all an AdminClient needs (it refuses producer ones).
 _CLIENT_PROPERTY_PREFIXES = (
@@ -77,33 +80,12 @@ def admin_config(producer_config: dict[str, str]) -> dict[str, str | int | float
     }
 
 
-# The one librdkafka exception the hot path catches itself (a Python frame per record is too dear);
-# it is converted to ProduceRefused at once with ProduceRefused.from_exception.
-ProducerException = KafkaException
-
-
 def error_name(code: int) -> str:
     """librdkafka's symbolic name of an error code, e.g. ``TOPIC_EXCEPTION``."""
     try:
         return str(KafkaError(code).name())
     except Exception:  # an unknown code still gets a name
         return str(code)
-
-
-@dataclass(frozen=True)
-class RefusedRecord:
-    """A record Kafka will never accept as it is, with its source coordinates."""
-
-    txn: PendingTransaction
-    table: str
-    reason: str
-    code: str
-    event_id: str | None
-    topic: str | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    too_large: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,20 +106,9 @@ class DeliveryFailure:
     def permanent(self) -> bool:
         return self.code in PERMANENT_ERRORS
 
-    def refused(self) -> RefusedRecord:
-        event_id = next((v.decode("utf-8", "replace") for k, v in self.headers if k == "id"), None)
-        return RefusedRecord(
-            self.txn,
-            self.table,
-            self.reason,
-            error_name(self.code),
-            event_id,
-            self.topic,
-            self.key,
-            self.value,
-            self.headers,
-            too_large=self.code in _SIZE_ERRORS,
-        )
+    @property
+    def too_large(self) -> bool:
+        return self.code in _SIZE_ERRORS
 
 
 @dataclass
@@ -193,12 +164,15 @@ class DeliveryTracker:
 
 
 class ProduceRefused(Exception):
-    """librdkafka refused a record synchronously (e.g. larger than message.max.bytes)."""
+    """A record (or its topic) refused before any broker answered: by librdkafka when producing
+    (e.g. larger than message.max.bytes), by confluent-kafka (an argument it cannot take), or by
+    the relay's own topic rules."""
 
-    def __init__(self, code: int, reason: str) -> None:
+    def __init__(self, code: int, reason: str, name: str | None = None) -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
+        self.name = name or error_name(code)  # the error code a dead letter carries
 
     @property
     def permanent(self) -> bool:
@@ -209,11 +183,25 @@ class ProduceRefused(Exception):
         return self.code in _SIZE_ERRORS
 
     @classmethod
-    def from_exception(cls, exc: Exception) -> ProduceRefused:
+    def policy(cls, reason: str) -> ProduceRefused:
+        """A topic the relay's own rules refuse (allow-list, creation limit)."""
+        return cls(KafkaError.POLICY_VIOLATION, reason)
+
+
+# The one table mapping what producing can raise to the project's terms. The hot path catches
+# ``Exception`` around the bound produce (no extra Python frame per record) and asks here.
+def refusal(exc: Exception) -> ProduceRefused:
+    """What a failed produce means: librdkafka's error, or an argument confluent-kafka refused."""
+    if isinstance(exc, KafkaException):
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError):
-            return cls(error.code(), error.str())
-        return cls(-1, str(exc))
+            return ProduceRefused(error.code(), error.str())
+        return ProduceRefused(-1, str(exc))
+    return ProduceRefused(
+        KafkaError._INVALID_ARG,
+        f"the record cannot be produced: {type(exc).__name__}: {exc}",
+        UNPRODUCIBLE,
+    )
 
 
 class Publisher:
@@ -228,7 +216,8 @@ class Publisher:
         self._producer = Producer(
             {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
         )
-        # Bound once: these sit on the hot path. produce_raw raises ProducerException.
+        # Bound once: these sit on the hot path. produce_raw raises librdkafka's own exceptions:
+        # its caller maps them with refusal().
         self.produce_raw: Callable[..., None] = self._producer.produce
         self.poll: Callable[[float], int] = self._producer.poll
 
@@ -243,8 +232,10 @@ class Publisher:
         """Queue one record. BufferError means the queue is full: poll, then try again."""
         try:
             self.produce_raw(topic, value, key, headers=headers, on_delivery=on_delivery)
-        except KafkaException as exc:
-            raise ProduceRefused.from_exception(exc) from None
+        except BufferError:
+            raise
+        except Exception as exc:
+            raise refusal(exc) from None
 
     def in_flight(self) -> int:
         return len(self._producer)

@@ -1,23 +1,22 @@
 """A dead-letter record Kafka refuses *asynchronously* (the broker's limit is lower than the
 producer's) is sent again smaller, down to its metadata; when even that is refused, the relay stops
 without confirming past the row. The test broker enforces no per-topic size limit, so this part of
-the session is driven here with a stand-in producer and hand-made delivery reports; the
+the poison policy is driven here with a stand-in producer and hand-made delivery reports; the
 synchronous refusals run against the real broker in tests/integration/test_hostile_rows.py."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
 
-from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter
-from cdc_relay.errors import ConfigError, RelayError
+from cdc_relay.config import load_settings
+from cdc_relay.errors import ConfigError, RelayError, StopSession
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.poison import PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import DeliveryTracker
-from cdc_relay.relay import _Session, _Stopping
-from cdc_relay.watermark import Watermark
+from cdc_relay.watermark import PendingTransaction, Watermark
 
 DEAD_LETTER = "dead"
 
@@ -39,6 +38,9 @@ class _Producer:
         self.produced.append(
             {"topic": topic, "value": value, "key": key, "headers": headers, "report": on_delivery}
         )
+
+    def poll(self, timeout: float) -> int:
+        return 0
 
 
 class _Relay:
@@ -77,36 +79,61 @@ class _Message:
         return 7
 
 
-def _session() -> tuple[Any, _Producer, _Relay]:
-    session: Any = object.__new__(_Session)
-    producer, relay = _Producer(), _Relay()
-    session.settings = SimpleNamespace(dead_letter_topic=DEAD_LETTER)
-    session.stats = RelayStats()
-    session.tracker = DeliveryTracker(session.stats)
-    session.publisher = producer
-    session.relay = relay
-    return session, producer, relay
+class _Policy:
+    """The poison policy over the stand-in producer, as a session wires it."""
 
+    def __init__(self) -> None:
+        self.producer, self.relay = _Producer(), _Relay()
+        self.stats = RelayStats()
+        self.tracker = DeliveryTracker(self.stats)
+        settings = load_settings(
+            database_url="postgresql://relay@db/app",
+            kafka_bootstrap_servers="k:9092",
+            dead_letter_topic=DEAD_LETTER,
+        )
+        self.handler = PoisonPolicyHandler(
+            settings,
+            self.producer,
+            self.tracker,
+            ensure_topic=lambda topic: None,
+            fail=self.relay.fail,
+        )
 
-def _refuse(session: Any, record: dict[str, Any]) -> None:
-    record["report"](_Error(KafkaError.MSG_SIZE_TOO_LARGE), _Message(record))
-    session.handle_failures()
+    def refuse_row(self, txn: PendingTransaction) -> None:
+        self.handler.refuse(
+            RefusedRecord(
+                txn=txn,
+                table="public.outbox",
+                reason="too large",
+                code="MSG_SIZE_TOO_LARGE",
+                event_id="e-1",
+                topic="orders",
+                key=b"key",
+                value=b"value" * 100,
+                headers=[("h", b"x" * 50)],
+            )
+        )
 
-
-LETTER = DeadLetter.of(
-    b"key", b"value" * 100, [("h", b"x" * 50)], [(ERROR_HEADER, b"too large"), ("cdc_relay.x", b"")]
-)
+    def broker_refuses(self, record: dict[str, Any]) -> None:
+        """The broker's report for ``record``, handled as the session handles a permanent one."""
+        record["report"](_Error(KafkaError.MSG_SIZE_TOO_LARGE), _Message(record))
+        for failure in self.tracker.take_failures():
+            assert failure.permanent
+            self.handler.refused_delivery(failure)
 
 
 def test_a_refused_dead_letter_is_sent_again_smaller_until_it_is_acknowledged() -> None:
-    session, producer, _ = _session()
+    policy = _Policy()
+    producer = policy.producer
     watermark = Watermark(0)
     txn = watermark.open(100)
-    session.send_dead_letter(txn, "public.outbox", LETTER)
+    policy.refuse_row(txn)
     watermark.seal(txn, 200)
     assert txn.pending == 1
+    assert producer.produced[-1]["topic"] == DEAD_LETTER
+    assert producer.produced[-1]["value"] == b"value" * 100
 
-    _refuse(session, producer.produced[-1])
+    policy.broker_refuses(producer.produced[-1])
     second = producer.produced[-1]
     assert second["value"] is None
     assert second["key"] == b"key"
@@ -114,7 +141,7 @@ def test_a_refused_dead_letter_is_sent_again_smaller_until_it_is_acknowledged() 
     assert ("cdc_relay.value_size", b"500") in second["headers"]
     assert txn.pending == 1
 
-    _refuse(session, second)
+    policy.broker_refuses(second)
     third = producer.produced[-1]
     assert [name for name, _ in third["headers"] if not name.startswith("cdc_relay.")] == []
     assert ("cdc_relay.dropped", b"value,headers") in third["headers"]
@@ -122,26 +149,27 @@ def test_a_refused_dead_letter_is_sent_again_smaller_until_it_is_acknowledged() 
 
     third["report"](None, _Message(third))
     assert txn.pending == 0
-    assert session.stats.dead_lettered == 1
+    assert policy.stats.dead_lettered == 1
     assert watermark.advance() == 200
     assert len(producer.produced) == 3
 
 
 def test_when_not_even_the_metadata_is_accepted_the_relay_stops_short_of_the_row() -> None:
-    session, producer, relay = _session()
+    policy = _Policy()
+    producer, relay = policy.producer, policy.relay
     watermark = Watermark(0)
     txn = watermark.open(100)
-    session.send_dead_letter(txn, "public.outbox", LETTER)
+    policy.refuse_row(txn)
     watermark.seal(txn, 200)
     for _ in range(3):  # whole, without value, without headers
-        _refuse(session, producer.produced[-1])
+        policy.broker_refuses(producer.produced[-1])
     metadata_only = producer.produced[-1]
     assert metadata_only["key"] is None
     assert ("cdc_relay.dropped", b"metadata") in metadata_only["headers"]
-    with pytest.raises(_Stopping):
-        _refuse(session, metadata_only)
+    with pytest.raises(StopSession):
+        policy.broker_refuses(metadata_only)
     assert isinstance(relay.failed, ConfigError)
     assert DEAD_LETTER in str(relay.failed)
     assert txn.pending == 1, "the transaction never completes"
     assert watermark.advance() == 0
-    assert session.stats.dead_lettered == 0
+    assert policy.stats.dead_lettered == 0

@@ -1,0 +1,443 @@
+"""One replication session: read the stream in commit order, publish every outbox event.
+
+This module keeps the hot loop and nothing else of note: it dispatches decoded messages
+(:meth:`Session.stream`) and publishes each mapped row or logical message (:meth:`Session.publish`).
+Everything else is somebody else's answer, called from here:
+
+- when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
+- what happens to a poison row: :mod:`cdc_relay.poison`;
+- which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
+- stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`.
+
+Its collaborators are typed as the small Protocols below (the replication stream, the Kafka
+sink, the position store), so the unit tests drive the loop with fakes (``tests/fakes.py``).
+
+A stop requested between transactions takes effect at once. Inside one, the session reads on to
+its Commit so that the clean stop confirms the whole transaction (a restart then re-sends none of
+it), bounded by ``CDC_RELAY_SHUTDOWN_TIMEOUT`` counted from the request; a recorded failure (the
+poison policy ``stop``) stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from cdc_relay.config import Settings
+from cdc_relay.confirmation import Confirmer, PositionStore
+from cdc_relay.decoding import decoder_for
+from cdc_relay.errors import ProtocolError, RelayError, SinkUnavailable, StopSession
+from cdc_relay.lsn import format_lsn
+from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.tracing import Tracing
+from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
+from cdc_relay.pgoutput import (
+    Begin,
+    Commit,
+    DecodeError,
+    Insert,
+    LogicalMessage,
+    Relation,
+    StreamStart,
+)
+from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
+from cdc_relay.publisher import (
+    DeliveryFailure,
+    DeliveryTracker,
+    ProduceRefused,
+    TransactionCallback,
+    refusal,
+)
+from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, postgres_time_to_unix
+from cdc_relay.topics import TopicAdmin, TopicRules
+from cdc_relay.watermark import PendingTransaction
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
+POLL_EVERY = 256  # messages between producer polls while streaming
+HOUSEKEEPING_SPACING = 0.001  # at most this often when the received data runs out
+_KEEPALIVE_WAL_END = slice(1, 9)
+_XLOG_WAL_END = slice(9, 17)
+
+
+class ReplicationSource(Protocol):
+    """The replication connection (:class:`~cdc_relay.replication.stream.ReplicationStream`)."""
+
+    def read(self) -> memoryview | None: ...
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def send_status(self, written: int, flushed: int, reply: bool = False) -> None: ...
+
+
+class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
+    """The Kafka adapter (:class:`~cdc_relay.publisher.Publisher`)."""
+
+    @property
+    def produce_raw(self) -> Callable[..., None]:
+        """The hot path's bound librdkafka call; raises what librdkafka raises."""
+
+    def in_flight(self) -> int: ...
+
+    def check_fatal(self) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """The relay, as a session sees it: whether to stop, and how to report a failure."""
+
+    stopping: bool  # read once per message: a plain attribute
+
+    @property
+    def failed(self) -> bool: ...
+
+    def fail(self, error: RelayError) -> None: ...
+
+
+class Session:
+    """State of one replication connection; the hot loop lives in :meth:`stream`."""
+
+    def __init__(
+        self,
+        owner: SessionOwner,
+        settings: Settings,
+        stats: RelayStats,
+        tracing: Tracing,
+        topic_rules: TopicRules,
+        *,
+        source: ReplicationSource,
+        sink: RecordSink,
+        store: PositionStore,
+        start: int,
+        heartbeat: Callable[[], None],
+        retained_wal: Callable[[], int | None],
+    ) -> None:
+        self.owner = owner
+        self.settings = settings
+        self.stats = stats
+        self.source = source
+        self.sink = sink
+        self.tracing = tracing
+        self.tracing_enabled = tracing.enabled
+        self.produce = sink.produce_raw  # the hot path's one librdkafka call
+        self.tracker = DeliveryTracker(stats)
+        self.confirmer = Confirmer(
+            start,
+            store,
+            source,
+            stats,
+            confirm_interval=settings.confirm_interval,
+            idle_confirm_interval=settings.idle_confirm_interval,
+        )
+        self.watermark = self.confirmer.watermark
+        self.topic_rules = topic_rules
+        self.known_topics: set[str] = set()
+        self.poison = PoisonPolicyHandler(
+            settings,
+            sink,
+            self.tracker,
+            ensure_topic=lambda topic: self.ensure_topic(topic, event=False),
+            fail=owner.fail,
+        )
+        self.decode = decoder_for(settings)
+        self.tables = {table.schema_and_name: table for table in settings.tables()}
+        self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
+        self.mappings: dict[int, OutboxMapping] = {}
+        self.ignored_relations: set[int] = set()
+        now = time.monotonic()
+        self.last_housekeeping = now
+        self.stall = DeliveryStall(settings.delivery_stall_timeout, stats, now)
+        self.heartbeat = Heartbeat(heartbeat, settings.heartbeat_interval, now)
+        self.retained_wal = RetainedWal(retained_wal, stats)
+        self.progress = Progress(start, stats, settings.progress_interval, now)
+        self.stop_deadline: float | None = None  # set when a stop finds a transaction open
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def stream(self) -> None:
+        """Read and dispatch until StopSession (a stop) or an error ends the session."""
+        owner = self.owner
+        read = self.source.read
+        wait = self.source.wait
+        decode = self.decode
+        watermark = self.watermark
+        confirmer = self.confirmer
+        stats = self.stats
+        observe_receive = stats.receive_latency.observe
+        txn: PendingTransaction | None = None
+        callback: TransactionCallback | None = None
+        callback_table = ""
+        counter = 0
+        while True:
+            if owner.stopping and (txn is None or self.stop_now()):
+                raise StopSession
+            data = read()
+            if data is None:
+                # Everything received is handled: serve acknowledgements, confirm, then wait.
+                if time.monotonic() - self.last_housekeeping >= HOUSEKEEPING_SPACING:
+                    self.housekeeping()
+                wait(READ_TIMEOUT)
+                continue
+            kind = data[0]
+            if kind == XLOG_DATA:
+                try:
+                    messages = decode(data)
+                except DecodeError as exc:
+                    raise ProtocolError(
+                        f"cannot decode a {self.settings.plugin} message: {exc}"
+                    ) from None
+                for message in messages:
+                    if isinstance(message, Insert):
+                        mapping = self.mappings.get(message.relation_id)
+                        if mapping is not None and txn is not None:
+                            if callback is None or callback_table is not mapping.table:
+                                callback = self.tracker.callback(txn, mapping.table)
+                                callback_table = mapping.table
+                            self.publish(mapping, message.new, txn, callback)
+                        else:
+                            self.ignore(message.relation_id)
+                    elif isinstance(message, Begin):
+                        txn = watermark.open(
+                            message.final_lsn, postgres_time_to_unix(message.commit_ts)
+                        )
+                        callback = None
+                    elif isinstance(message, Commit):
+                        if txn is None:
+                            raise ProtocolError("Commit without Begin in the replication stream")
+                        if callback is not None:  # the transaction had events
+                            observe_receive(time.time() - txn.commit_time)
+                        watermark.seal(txn, message.end_lsn)
+                        stats.transactions += 1
+                        txn = None
+                        callback = None
+                        confirmer.received = max(confirmer.received, message.end_lsn)
+                        wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
+                        stats.server_wal_end = max(stats.server_wal_end, wal_end)
+                    elif isinstance(message, Relation):
+                        self.on_relation(message)
+                    elif isinstance(message, LogicalMessage):
+                        if (
+                            message.transactional
+                            and txn is not None
+                            and message.prefix == self.messages.prefix
+                        ):
+                            if callback is None or callback_table is not self.messages.table:
+                                callback = self.tracker.callback(txn, self.messages.table)
+                                callback_table = self.messages.table
+                            self.publish(self.messages, message.content, txn, callback)
+                    elif isinstance(message, StreamStart):
+                        raise ProtocolError("received a streamed transaction, but streaming is off")
+                    # Origin, Type, Update, Delete, Truncate: nothing to relay.
+                counter += 1
+                if counter >= POLL_EVERY:
+                    counter = 0
+                    self.housekeeping()
+            elif kind == PRIMARY_KEEPALIVE:
+                wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
+                confirmer.received = max(confirmer.received, wal_end)
+                stats.server_wal_end = max(stats.server_wal_end, wal_end)
+                if txn is None:
+                    watermark.idle(wal_end)
+                if data[17]:  # the server asks for a reply now (wal_sender_timeout)
+                    self.housekeeping(reply=True)
+            else:
+                raise ProtocolError(f"unknown replication message type {kind:#04x}")
+
+    def on_relation(self, relation: Relation) -> None:
+        table = self.tables.get((relation.namespace, relation.name))
+        if table is None:
+            self.mappings.pop(relation.relation_id, None)
+            return
+        mapping = OutboxMapping(
+            relation,
+            table.topic_template or self.settings.topic_template,
+            self.settings.traceparent_column,
+            table.columns,
+        )
+        if mapping.missing:
+            log.error(
+                "outbox table lacks required columns; its rows will be dead-lettered",
+                extra={"fields": {"table": mapping.table, "missing": ",".join(mapping.missing)}},
+            )
+        self.mappings[relation.relation_id] = mapping
+
+    def ignore(self, relation_id: int) -> None:
+        if relation_id not in self.ignored_relations:
+            self.ignored_relations.add(relation_id)
+            log.warning(
+                "ignoring inserts of a relation that is not the outbox table",
+                extra={"fields": {"relation_id": relation_id}},
+            )
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(
+        self,
+        mapping: OutboxMapping | MessageMapping,
+        source: Any,  # the row's TupleData for a table, the content bytes for a message
+        txn: PendingTransaction,
+        callback: TransactionCallback,
+    ) -> None:
+        try:
+            record = mapping.map(source)
+        except MalformedEvent as exc:
+            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id)
+            return
+        except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
+            reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
+            self.refuse_unmapped(mapping, source, txn, reason, None)
+            return
+        topic, key, value, headers, event_id, traceparent = record
+        if topic not in self.known_topics:
+            try:
+                self.ensure_topic(topic)
+            except ProduceRefused as missing:
+                self.poison.refuse(
+                    RefusedRecord(
+                        txn=txn, table=mapping.table, reason=missing.reason, code=missing.name,
+                        event_id=event_id, topic=topic, key=key, value=value, headers=headers,
+                    )
+                )  # fmt: skip
+                return
+        if traceparent is not None and self.tracing_enabled:
+            span, context = self.tracing.start_publish(traceparent, event_id, topic)
+            headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
+            on_delivery = partial(Tracing.traced, span, callback, topic, headers)
+        else:
+            on_delivery = partial(callback, topic, headers)
+        while True:
+            try:
+                self.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                txn.pending += 1
+                return
+            except BufferError:
+                self.wait_for_room()
+            except Exception as exc:  # librdkafka's error, or an argument it refused
+                refused = refusal(exc)
+                if not refused.permanent:
+                    raise SinkUnavailable(f"producing failed: {refused.reason}") from None
+                self.poison.refuse(
+                    RefusedRecord(
+                        txn=txn, table=mapping.table, reason=refused.reason, code=refused.name,
+                        event_id=event_id, topic=topic, key=key, value=value, headers=headers,
+                        too_large=refused.too_large,
+                    )
+                )  # fmt: skip
+                return
+
+    def refuse_unmapped(
+        self,
+        mapping: OutboxMapping | MessageMapping,
+        source: Any,
+        txn: PendingTransaction,
+        reason: str,
+        event_id: str | None,
+    ) -> None:
+        """A row (or message) that breaks the contract: its dead-letter value is the row itself."""
+        try:
+            row: bytes | None = mapping.describe_row(source)
+        except Exception as exc:  # the row is hostile to describing too: say so instead
+            row = None
+            reason = f"{reason} (the row cannot be described: {type(exc).__name__})"
+        self.poison.refuse(
+            RefusedRecord(
+                txn=txn,
+                table=mapping.table,
+                reason=reason,
+                code=MALFORMED,
+                event_id=event_id,
+                value=row,
+                headers=[],
+            )
+        )
+
+    def ensure_topic(self, topic: str, event: bool = True) -> None:
+        """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
+        self.topic_rules.ensure(self.sink, topic, event=event, serve=self.serve_while_waiting)
+        self.known_topics.add(topic)
+
+    def serve_while_waiting(self) -> None:
+        """The loop's duties while it cannot read on (a topic being created, a full queue)."""
+        self.housekeeping()
+        if self.owner.stopping and self.stop_now():
+            raise StopSession
+
+    def wait_for_room(self) -> None:
+        """Backpressure: the producer queue is full, so stop reading until deliveries drain."""
+        self.sink.poll(0.05)
+        self.handle_failures()
+        self.serve_while_waiting()
+
+    def handle_failures(self) -> None:
+        for failure in self.tracker.take_failures():
+            self.on_failure(failure)
+
+    def on_failure(self, failure: DeliveryFailure) -> None:
+        if not failure.permanent:
+            if failure.dead_letter:
+                raise SinkUnavailable(
+                    f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
+                )
+            raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
+        self.poison.refused_delivery(failure)
+
+    def stop_now(self) -> bool:
+        """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
+        if self.owner.failed:
+            return True
+        now = time.monotonic()
+        if self.stop_deadline is None:
+            self.stop_deadline = now + self.settings.shutdown_timeout
+            log.info("stop requested: reading on to the end of the transaction")
+        return now >= self.stop_deadline
+
+    # -- periodic work -----------------------------------------------------------------------
+
+    def housekeeping(self, reply: bool = False) -> None:
+        """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
+        sink = self.sink
+        sink.poll(0)
+        if self.tracker.failures:
+            self.handle_failures()
+        sink.check_fatal()
+        now = time.monotonic()
+        self.last_housekeeping = now
+        self.stats.last_loop = now
+        acked = self.tracker.acked
+        self.stall.check(now, sink.in_flight(), acked)
+        self.progress.tick(now, self.confirmer.received)
+        self.heartbeat.tick(now)
+        self.retained_wal.tick(now)
+        self.confirmer.tick(now, acked, reply)
+
+    def drain(self) -> None:
+        """Wait (bounded by the shutdown timeout) until the producer has nothing in flight."""
+        deadline = self.stop_deadline or time.monotonic() + self.settings.shutdown_timeout
+        sink = self.sink
+        try:
+            while sink.in_flight() > 0 and time.monotonic() < deadline:
+                sink.poll(0.1)
+                if self.tracker.failures:
+                    self.handle_failures()
+        except (SinkUnavailable, StopSession) as exc:
+            log.error("deliveries failed while draining", extra={"fields": {"error": str(exc)}})
+
+    def shutdown(self) -> None:
+        """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
+        self.drain()
+        self.confirmer.final()
+        log.info(
+            "stopped",
+            extra={
+                "fields": {
+                    "confirmed_lsn": format_lsn(self.confirmer.confirmed),
+                    "published": self.stats.published,
+                    "dead_lettered": self.stats.dead_lettered,
+                    "unacknowledged": self.sink.in_flight(),
+                }
+            },
+        )

@@ -1,0 +1,250 @@
+"""The session loop's rules, driven with captured pgoutput messages and in-memory collaborators.
+
+The integration tests prove the same rules against PostgreSQL and a broker; these pin each rule
+down on its own, fast: confirm only after Kafka acknowledged, the record before the slot,
+dead-lettering, the ``stop`` policy, the idle advance and the clean shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_relay.config import Settings, load_settings
+from cdc_relay.decoding import decoder_for
+from cdc_relay.errors import PoisonRecordError, SinkUnavailable, StopSession
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.tracing import Tracing
+from cdc_relay.pgoutput import Commit, Insert
+from cdc_relay.session import Session
+from cdc_relay.topics import TopicRules
+from tests.fakes import (
+    DeliveredMessage,
+    FakeOwner,
+    FakeSink,
+    FakeSource,
+    FakeStore,
+    captured_frames,
+    keepalive_frame,
+)
+
+TOPIC_ORDER = "outbox.event.order"
+TOPIC_CITY = "outbox.event.city"
+DEAD_LETTER = "dead.letters"
+
+
+def _settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": "postgresql://relay@db/app",
+        "kafka_bootstrap_servers": "k:9092",
+        "dead_letter_topic": DEAD_LETTER,
+        "confirm_interval": 1e-9,  # confirm at every chance
+        "idle_confirm_interval": 1e-9,
+        "shutdown_timeout": 1.0,
+        **overrides,
+    }
+    return load_settings(**values)
+
+
+class Harness:
+    """One session over fakes; ``journal`` holds record and slot writes in order."""
+
+    def __init__(self, frames: list[bytes], stop_after: int | None = None, **settings: Any) -> None:
+        self.settings = _settings(**settings)
+        self.journal: list[Any] = []
+        self.owner = FakeOwner()
+        self.source = FakeSource(frames, self.owner, self.journal, stop_after)
+        self.sink = FakeSink()
+        self.store = FakeStore(self.journal)
+        self.stats = RelayStats()
+        self.session = Session(
+            self.owner,
+            self.settings,
+            self.stats,
+            Tracing(),
+            TopicRules(self.settings),
+            source=self.source,
+            sink=self.sink,
+            store=self.store,
+            start=0,
+            heartbeat=lambda: None,
+            retained_wal=lambda: None,
+        )
+
+    def run(self) -> None:
+        """Stream until the frames run out (the source then asks for a stop), then shut down."""
+        with pytest.raises(StopSession):
+            self.session.stream()
+        self.session.shutdown()
+
+    def records(self) -> list[tuple[int, int]]:
+        return [entry for entry in self.journal if entry[0] == "record"]
+
+
+def _commits(frames: list[bytes]) -> list[int]:
+    decode = decoder_for(_settings())
+    return [m.end_lsn for f in frames for m in decode(memoryview(f)) if isinstance(m, Commit)]
+
+
+def _events(frames: list[bytes]) -> int:
+    decode = decoder_for(_settings())
+    return sum(1 for f in frames for m in decode(memoryview(f)) if isinstance(m, Insert))
+
+
+FRAMES = captured_frames("basic_insert")
+
+
+def test_the_fixture_has_two_transactions_of_one_event_each() -> None:
+    assert _events(FRAMES) == 2
+    assert len(_commits(FRAMES)) == 2
+
+
+def test_events_are_published_in_commit_order_keyed_by_aggregate() -> None:
+    harness = Harness(FRAMES)
+    harness.run()
+    delivered = harness.sink.delivered
+    assert [(r.topic, r.key) for r in delivered] == [
+        (TOPIC_ORDER, b"order-1"),
+        (TOPIC_CITY, "Zürich 東京 🚀".encode()),
+    ]
+    assert delivered[0].header("id") == b"00000000-0000-4000-8000-000000000001"
+    assert delivered[0].value == b'{"total": 42, "currency": "EUR"}'
+
+
+def test_nothing_is_confirmed_before_kafka_acknowledges() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.session.housekeeping()
+    assert harness.sink.in_flight() == 2
+    assert harness.store.saved == []
+    assert all(flushed == 0 for _, flushed in harness.source.statuses)
+
+    harness.sink.acknowledging = True
+    harness.session.housekeeping()
+    last_commit = _commits(FRAMES)[-1]
+    assert harness.store.saved == [last_commit]
+
+
+def test_the_record_is_written_before_the_slot_is_told() -> None:
+    harness = Harness(FRAMES)
+    harness.run()
+    writes = [e for e in harness.journal if e[1] > 0]
+    assert writes, "something was confirmed"
+    for position in {lsn for _, lsn in writes}:
+        kinds = [kind for kind, lsn in writes if lsn == position]
+        assert kinds[0] == "record", (position, kinds)
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+def test_a_partly_acknowledged_backlog_confirms_only_the_contiguous_prefix() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    first, second = harness.sink.in_flight_records
+    # The second transaction's record is acknowledged first: nothing may be confirmed yet.
+    harness.sink.in_flight_records = [first]
+    second.on_delivery(None, DeliveredMessage(second))
+    harness.session.housekeeping()
+    assert harness.store.saved == []
+    harness.sink.acknowledging = True
+    harness.session.housekeeping()
+    assert harness.store.saved == [_commits(FRAMES)[-1]]
+
+
+def test_a_record_kafka_refuses_is_dead_lettered_and_then_confirmed() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.refuse_topics[TOPIC_CITY] = KafkaError.MSG_SIZE_TOO_LARGE
+    harness.run()
+    assert [r.key for r in harness.sink.on_topic(TOPIC_ORDER)] == [b"order-1"]
+    (letter,) = harness.sink.on_topic(DEAD_LETTER)
+    assert letter.header("cdc_relay.topic") == TOPIC_CITY.encode()
+    assert letter.header("cdc_relay.error_code") == b"MSG_SIZE_TOO_LARGE"
+    assert letter.header("cdc_relay.event_id") == b"00000000-0000-4000-8000-000000000002"
+    assert letter.value is None, "a value too large to travel is left out"
+    assert harness.stats.dead_lettered == 1
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+    assert harness.owner.failure is None
+
+
+def test_a_record_the_broker_refuses_after_producing_is_dead_lettered() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.sink.fail_in_flight(KafkaError.TOPIC_EXCEPTION, "Broker: invalid topic")
+    harness.sink.acknowledging = True
+    harness.session.housekeeping()  # handles the failures: two dead letters go out
+    harness.session.housekeeping()  # and are acknowledged
+    assert [r.header("cdc_relay.topic") for r in harness.sink.on_topic(DEAD_LETTER)] == [
+        TOPIC_ORDER.encode(),
+        TOPIC_CITY.encode(),
+    ]
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+def test_a_transient_delivery_failure_ends_the_session() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.sink.fail_in_flight(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
+    with pytest.raises(SinkUnavailable, match="timed out"):
+        harness.session.housekeeping()
+    assert harness.store.saved == []
+
+
+def test_the_stop_policy_fails_and_confirms_nothing_past_the_poison_record() -> None:
+    harness = Harness(FRAMES, poison_policy="stop")
+    harness.sink.refuse_topics[TOPIC_CITY] = KafkaError.MSG_SIZE_TOO_LARGE
+    harness.run()
+    assert isinstance(harness.owner.failure, PoisonRecordError)
+    assert "00000000-0000-4000-8000-000000000002" in str(harness.owner.failure)
+    assert harness.sink.on_topic(DEAD_LETTER) == []
+    first_commit = _commits(FRAMES)[0]
+    assert harness.store.saved == [first_commit], "only the transaction before the poison row"
+
+
+def test_an_idle_outbox_follows_the_servers_wal_end() -> None:
+    wal_end = 0x5000000
+    harness = Harness([keepalive_frame(wal_end - 100), keepalive_frame(wal_end)])
+    harness.run()
+    assert harness.store.saved[-1] == wal_end
+    assert harness.source.statuses[-1] == (wal_end, wal_end)
+
+
+def test_an_open_transaction_holds_the_idle_advance() -> None:
+    begin_only = FRAMES[:3]  # Begin, Relation, Insert: no Commit yet
+    harness = Harness([*begin_only, keepalive_frame(0x7000000)], shutdown_timeout=1e-9)
+    harness.run()
+    assert harness.store.saved == []
+    assert all(flushed == 0 for _, flushed in harness.source.statuses)
+
+
+def test_shutdown_drains_in_flight_deliveries_then_confirms() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    assert harness.store.saved == []
+    harness.sink.acknowledging = True  # the broker answers while the session drains
+    harness.session.shutdown()
+    assert harness.sink.in_flight() == 0
+    assert harness.store.saved == [_commits(FRAMES)[-1]]
+
+
+def test_a_stop_inside_a_transaction_reads_on_to_its_commit() -> None:
+    harness = Harness(FRAMES, stop_after=2)  # asked to stop after Begin and Relation
+    harness.run()
+    assert [r.key for r in harness.sink.delivered] == [b"order-1"]
+    assert harness.store.saved == [_commits(FRAMES)[0]], "the whole transaction, and no more"
+
+
+def test_a_stop_that_cannot_wait_leaves_the_transaction_unconfirmed() -> None:
+    harness = Harness(FRAMES, stop_after=2, shutdown_timeout=1e-9)
+    harness.run()
+    assert harness.store.saved == []
