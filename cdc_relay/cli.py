@@ -2,6 +2,14 @@
 
 Every setting of :class:`cdc_relay.config.Settings` is also a flag (``--slot-name`` for
 ``CDC_RELAY_SLOT_NAME``); flags win over the environment and the ``.env`` file.
+
+Built on argparse rather than pydantic-settings' own CLI (``CliApp``, ``CliSubCommand``), which
+was tried (pydantic-settings 2.16) and would change what operators rely on: its setting flags
+work only before the command (``run --slot-name x`` is refused) unless every command repeats the
+settings model, which then costs ~50 ms of start-up instead of ~2 ms and still needs the
+before/after merge written here; its dict flag splits ``KEY=VALUE`` lists at commas
+(``debug=broker,topic`` fails) and is not ``--kafka-property``; nested models become dozens of
+``--outbox-columns.id``-style flags; ``demo`` would need the database settings.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from cdc_relay.config import (
     env_name,
     is_secret_property,
     load_settings,
+    split_property,
 )
 from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
@@ -43,24 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"cdc-relay {__version__}")
+    _add_setting_flags(parser, command=None)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = commands.add_parser("run", help="run the relay (the default command)")
+    _command(commands, "run", "run the relay (the default command)")
     demo = commands.add_parser("demo", help="try it: throw-away PostgreSQL, broker and relay")
     demo.add_argument("--events", type=int, metavar="N", help="stop after N delivered events")
     demo.add_argument("--rate", type=float, metavar="R", help="events written per second (20)")
-    # The flags work before and after "run"; each parser keeps its own --kafka-property list,
-    # because a subparser's list would replace (not extend) the top-level one.
-    _add_setting_flags(parser, "kafka_property")
-    _add_setting_flags(run, "run_kafka_property")
-    status = commands.add_parser(
-        "status", help="where the relay stands: slot, recorded position, live counters"
+    status = _command(
+        commands, "status", "where the relay stands: slot, recorded position, live counters"
     )
     status.add_argument(
         "--relay-host", default="127.0.0.1", help="host of the running relay's HTTP server"
     )
-    _add_setting_flags(status, "status_kafka_property")
-    sweep = commands.add_parser(
-        "sweep", help="delete outbox rows the relay has published (the relay also does this)"
+    sweep = _command(
+        commands, "sweep", "delete outbox rows the relay has published (the relay also does this)"
     )
     sweep.add_argument(
         "--once",
@@ -74,25 +79,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --once: how long to wait for the relay to confirm past the rows (30)",
     )
-    _add_setting_flags(sweep, "sweep_kafka_property")
-    setup = commands.add_parser(
-        "setup",
-        help="create what is missing: state table, outbox_emit(), publication, slot",
+    setup = _command(
+        commands, "setup", "create what is missing: state table, outbox_emit(), publication, slot"
     )
     setup.add_argument(
         "--create-outbox",
         action="store_true",
         help="also create the outbox table of sql/001_outbox.sql (default configuration only)",
     )
-    _add_setting_flags(setup, "setup_kafka_property")
-    check = commands.add_parser(
-        "check", help="preflight: one line per prerequisite, non-zero exit if any fails"
-    )
-    _add_setting_flags(check, "check_kafka_property")
+    _command(commands, "check", "preflight: one line per prerequisite, non-zero exit if any fails")
     return parser
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, property_dest: str) -> None:
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str
+) -> argparse.ArgumentParser:
+    """A command that takes the setting flags (all but ``demo``, which configures itself)."""
+    parser = commands.add_parser(name, help=help_text)
+    _add_setting_flags(parser, command=name)
+    return parser
+
+
+def _property_dest(command: str | None) -> str:
+    """Where the ``--kafka-property`` list given before (None) or after ``command`` is kept.
+
+    The setting flags work before and after the command, but each parser needs its own list: a
+    subparser's list would replace, not extend, the top-level one.
+    """
+    return f"{command}_kafka_property" if command else "kafka_property"
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, command: str | None) -> None:
     group = parser.add_argument_group("settings")
     for name, field in Settings.model_fields.items():
         if name in _SPECIAL_FLAGS:
@@ -113,7 +130,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, property_dest: str) -> N
             )
     group.add_argument(
         "--kafka-property",
-        dest=property_dest,
+        dest=_property_dest(command),
         action="append",
         default=argparse.SUPPRESS,
         metavar="KEY=VALUE",
@@ -132,26 +149,16 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             "--database-url with a password",
             f"{env_name('database_url_file')} or {env_name('database_url')}",
         )
-    properties = [
-        item
-        for dest in (
-            "kafka_property",
-            "run_kafka_property",
-            "status_kafka_property",
-            "sweep_kafka_property",
-            "setup_kafka_property",
-            "check_kafka_property",
-        )
-        for item in getattr(args, dest, [])
-    ]
+    dests = dict.fromkeys((_property_dest(None), _property_dest(args.command)))  # later win
+    properties = [item for dest in dests for item in getattr(args, dest, [])]
     if properties:
         props = {}
         for item in properties:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
+            pair = split_property(item)
+            if pair is None:
                 # Not echoed: the argument may well be a credential with a typo.
                 raise ConfigError("--kafka-property expects KEY=VALUE (an argument lacks '=')")
-            props[key.strip()] = value
+            props[pair[0]] = pair[1]
         secrets = sorted(key for key in props if is_secret_property(key))
         if secrets:
             _warn_secret_on_command_line(

@@ -531,14 +531,22 @@ def parse_properties(text: str) -> dict[str, str]:
         stripped = line.strip()
         if not stripped or stripped[0] in "#!":
             continue
-        key, sep, value = stripped.partition("=")
-        if not sep or not key.strip():
+        pair = split_property(stripped)
+        if pair is None:
             raise ConfigError(
                 f"invalid configuration: {env_name('kafka_producer_config_file')}: line {number} "
                 "is not key=value"
             )
-        props[key.strip()] = value.strip()
+        props[pair[0]] = pair[1].strip()
     return props
+
+
+def split_property(text: str) -> tuple[str, str] | None:
+    """``key=value`` -> (key, value): the key ends at the first ``=`` and is stripped; the value
+    is kept as given (it may itself hold ``=``). None without an ``=`` or with an empty key."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    return (key, value) if sep and key else None
 
 
 def _json_object(field: str, text: str) -> dict[str, Any]:

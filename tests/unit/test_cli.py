@@ -198,6 +198,12 @@ def test_kafka_property_is_repeatable_and_keeps_equals_in_values() -> None:
     }
 
 
+def test_kafka_property_values_keep_commas() -> None:
+    """librdkafka lists are comma-separated (debug, ssl.cipher.suites): one flag, one property."""
+    settings = settings_for("run", "--kafka-property", "debug=broker,topic,msg")
+    assert settings.kafka_producer_config == {"debug": "broker,topic,msg"}
+
+
 def test_kafka_property_before_and_after_run_are_both_kept() -> None:
     settings = settings_for(
         "--kafka-property", "linger.ms=7", "run", "--kafka-property", "batch.size=1000"

@@ -24,6 +24,7 @@ from cdc_relay.config import (
     parse_properties,
     redact_properties,
     redact_url,
+    split_property,
 )
 from cdc_relay.database_url import connect_failure_kind, has_password
 from cdc_relay.errors import ConfigError, RelayError
@@ -765,6 +766,23 @@ def test_properties_parser_takes_any_text(text: str) -> None:
             "invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE"
         )
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.items())
+
+
+@given(
+    key=st.from_regex(r"[a-z][a-z0-9._]{0,20}", fullmatch=True),
+    value=st.text(max_size=30),
+    pad=st.sampled_from(["", " ", "\t"]),
+)
+def test_split_property_keeps_the_value_as_given(key: str, value: str, pad: str) -> None:
+    """One rule for the properties file and --kafka-property: the key ends at the first '='."""
+    assert split_property(f"{pad}{key}{pad}={value}") == (key, value)
+
+
+@given(text=st.text(max_size=50))
+def test_split_property_refuses_only_a_missing_key_or_equals(text: str) -> None:
+    key, sep, value = text.partition("=")
+    expected = (key.strip(), value) if sep and key.strip() else None
+    assert split_property(text) == expected
 
 
 # -- numbers, topics, hosts, librdkafka's verdict ------------------------------------------------
