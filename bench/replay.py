@@ -45,7 +45,7 @@ from bench.harness import (
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.cli import tune_garbage_collector
 from cdc_relay.config import Settings
-from cdc_relay.decoding import plugin_options_for
+from cdc_relay.decode import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.publisher import Publisher
 from cdc_relay.relay import Relay, _Session, _Stopping

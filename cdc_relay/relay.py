@@ -28,7 +28,16 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import MissingTopics, PoisonPolicy, Settings
 from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter, text_bytes
-from cdc_relay.decoding import decoder_for, plugin_options_for
+from cdc_relay.decode import decoder_for, plugin_options_for
+from cdc_relay.decode.pgoutput import (
+    Begin,
+    Commit,
+    DecodeError,
+    Insert,
+    LogicalMessage,
+    Relation,
+    StreamStart,
+)
 from cdc_relay.errors import (
     ConfigError,
     PoisonRecordError,
@@ -48,15 +57,6 @@ from cdc_relay.outbox import (
     MalformedEvent,
     MessageMapping,
     OutboxMapping,
-)
-from cdc_relay.pgoutput import (
-    Begin,
-    Commit,
-    DecodeError,
-    Insert,
-    LogicalMessage,
-    Relation,
-    StreamStart,
 )
 from cdc_relay.publisher import (
     DeliveryFailure,

@@ -1,4 +1,4 @@
-"""Tests for cdc_relay.pgoutput against pgoutput bytes captured from a real PostgreSQL 15.
+"""Tests for cdc_relay.decode.pgoutput against pgoutput bytes captured from a real PostgreSQL 15.
 
 The fixtures are produced by tests/fixtures/capture_pgoutput.py (run by hand). LSNs, xids, OIDs
 and commit timestamps change on every capture, so they are only asserted through relations
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_relay import pgoutput
-from cdc_relay.pgoutput import (
+from cdc_relay.decode import pgoutput
+from cdc_relay.decode.pgoutput import (
     UNCHANGED_TOAST,
     Begin,
     BeginPrepare,

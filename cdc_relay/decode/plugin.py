@@ -1,6 +1,6 @@
 """The output plugin, chosen by configuration: its START_REPLICATION options and its decoder.
 
-Both decoders emit the same message types (those of :mod:`cdc_relay.pgoutput`), so everything
+Both decoders emit the same message types (those of :mod:`cdc_relay.decode.pgoutput`), so everything
 after this point — outbox mapping, publishing, the watermark — is the same for either plugin.
 A decoder here takes a whole XLogData payload (header included), because wal2json needs the
 message's WAL position and pgoutput does not.
@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.pgoutput import PgOutputDecoder, PgOutputMessage
+from cdc_relay.decode.pgoutput import PgOutputDecoder, PgOutputMessage
+from cdc_relay.decode.wal2json import Wal2JsonDecoder, plugin_options
 from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
-from cdc_relay.wal2json import Wal2JsonDecoder, plugin_options
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
