@@ -29,7 +29,7 @@ from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, re
 from cdc_relay.config import MissingTopics, PoisonPolicy, Settings
 from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter, text_bytes
 from cdc_relay.decode import decoder_for, plugin_options_for
-from cdc_relay.decode.pgoutput import (
+from cdc_relay.decode.messages import (
     Begin,
     Commit,
     DecodeError,

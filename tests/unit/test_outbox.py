@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from cdc_relay.decode.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
+from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
 
 TEXT, UUID, JSONB = 25, 2950, 3802

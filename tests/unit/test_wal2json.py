@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from cdc_relay.decode.pgoutput import (
+from cdc_relay.decode.messages import (
     UNCHANGED_TOAST,
     Begin,
     Commit,
@@ -27,13 +27,13 @@ from cdc_relay.decode.pgoutput import (
     Delete,
     Insert,
     LogicalMessage,
-    PgOutputDecoder,
-    PgOutputMessage,
+    Message,
     Relation,
     Truncate,
     Update,
     pg_timestamp_to_datetime,
 )
+from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.decode.wal2json import (
     PLUGIN_OPTIONS,
     Wal2JsonDecoder,
@@ -122,7 +122,7 @@ def messages(case: str, step: int | None = None, capture: str = "wal2json") -> l
 
 
 @cache
-def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], PgOutputMessage]]:
+def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], Message]]:
     decoder = PgOutputDecoder()
     return [
         (e, decoder.decode(bytes.fromhex(e["hex"])))
@@ -131,7 +131,7 @@ def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], PgOutputMessage]]:
     ]
 
 
-def pgoutput_messages(case: str, step: int | None = None) -> list[PgOutputMessage]:
+def pgoutput_messages(case: str, step: int | None = None) -> list[Message]:
     return [m for e, m in pgoutput_decoded(case) if step is None or e["step"] == step]
 
 
