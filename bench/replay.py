@@ -49,7 +49,7 @@ from cdc_relay.decode import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.publisher import Publisher
 from cdc_relay.relay import Relay, _Session, _Stopping
-from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_HEADER
+from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_PAYLOAD_OFFSET
 from cdc_relay.replication.stream import ReplicationStream
 
 DRAIN_BYTES = 16 * 1024  # libpq reads about this much at a time: the loop sees it run out
@@ -77,7 +77,7 @@ def record(url: str, settings: Settings, rows: int) -> list[bytes]:
     stream.open()
     frames: list[bytes] = []
     inserts = 0
-    payload = XLOG_DATA_HEADER.size + 1  # the pgoutput message type byte
+    payload = XLOG_DATA_PAYLOAD_OFFSET  # the pgoutput message type byte
     try:
         while True:
             data = stream.read()
@@ -143,7 +143,7 @@ class FrameFeed:
 
 
 def events_in(frames: list[bytes]) -> int:
-    payload = XLOG_DATA_HEADER.size + 1
+    payload = XLOG_DATA_PAYLOAD_OFFSET
     return sum(1 for f in frames if f[0] == XLOG_DATA and f[payload] == _INSERT)
 
 

@@ -69,9 +69,11 @@ from cdc_relay.publisher import (
     error_name,
 )
 from cdc_relay.replication.protocol import (
+    KEEPALIVE_REPLY_REQUESTED,
+    KEEPALIVE_WAL_END,
     PRIMARY_KEEPALIVE,
     XLOG_DATA,
-    XLOG_DATA_HEADER,
+    XLOG_WAL_END,
     postgres_time_to_unix,
 )
 from cdc_relay.replication.source import (
@@ -92,9 +94,6 @@ POLL_EVERY = 256  # messages between producer polls while streaming
 HOUSEKEEPING_SPACING = 0.001  # at most this often when the received data runs out
 STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sender_timeout)
 STALL_WARNING_AFTER = 10.0
-_XLOG_PAYLOAD = 1 + XLOG_DATA_HEADER.size
-_KEEPALIVE_WAL_END = slice(1, 9)
-_XLOG_WAL_END = slice(9, 17)
 READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 READY_STALL_AFTER = 5.0  # seconds without an acknowledgement (records waiting) -> not ready
@@ -415,7 +414,7 @@ class _Session:
                         txn = None
                         callback = None
                         self.received = max(self.received, message.end_lsn)
-                        wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
+                        wal_end = int.from_bytes(data[XLOG_WAL_END], "big")
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
                     elif isinstance(message, Relation):
                         self.on_relation(message)
@@ -437,12 +436,12 @@ class _Session:
                     counter = 0
                     self.housekeeping()
             elif kind == PRIMARY_KEEPALIVE:
-                wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
+                wal_end = int.from_bytes(data[KEEPALIVE_WAL_END], "big")
                 self.received = max(self.received, wal_end)
                 stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
-                if data[17]:  # the server asks for a reply now (wal_sender_timeout)
+                if data[KEEPALIVE_REPLY_REQUESTED]:  # a reply now (wal_sender_timeout)
                     self.housekeeping(reply=True)
             else:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")

@@ -16,12 +16,11 @@ from cdc_relay.config import Plugin, Settings
 from cdc_relay.decode.messages import Message
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.decode.wal2json import Wal2JsonDecoder, plugin_options
-from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
+from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
 XLogDecoder = Callable[[memoryview], Sequence[Message]]
-_DATA_START = slice(1, 9)
 
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
@@ -38,17 +37,16 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
 
 def decoder_for(settings: Settings) -> XLogDecoder:
     """A fresh decoder (decoders keep per-connection state) for one replication session."""
-    offset = XLOG_DATA_PAYLOAD_OFFSET
     if settings.plugin is Plugin.WAL2JSON:
         wal2json = Wal2JsonDecoder().decode
 
         def decode_wal2json(data: memoryview) -> Sequence[Message]:
-            return wal2json(data[offset:], int.from_bytes(data[_DATA_START], "big"))
+            return wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big"))
 
         return decode_wal2json
     pgoutput = PgOutputDecoder().decode
 
     def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        return (pgoutput(data[offset:]),)
+        return (pgoutput(data[XLOG_PAYLOAD]),)
 
     return decode_pgoutput
