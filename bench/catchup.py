@@ -37,7 +37,7 @@ from bench.harness import (
     machine_facts,
 )
 from cdc_relay.config import Settings
-from cdc_relay.decoding import plugin_options_for
+from cdc_relay.decode import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.postgres_binaries import find_bindir
 from cdc_relay.lsn import format_lsn

@@ -45,12 +45,12 @@ from bench.harness import (
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.cli import tune_garbage_collector
 from cdc_relay.config import Settings
-from cdc_relay.decoding import plugin_options_for
+from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import StopSession
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.publisher import Publisher
 from cdc_relay.relay import Relay
-from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_HEADER
+from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_PAYLOAD_OFFSET
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.session import Session
 
@@ -79,7 +79,7 @@ def record(url: str, settings: Settings, rows: int) -> list[bytes]:
     stream.open()
     frames: list[bytes] = []
     inserts = 0
-    payload = XLOG_DATA_HEADER.size + 1  # the pgoutput message type byte
+    payload = XLOG_DATA_PAYLOAD_OFFSET  # the pgoutput message type byte
     try:
         while True:
             data = stream.read()
@@ -145,7 +145,7 @@ class FrameFeed:
 
 
 def events_in(frames: list[bytes]) -> int:
-    payload = XLOG_DATA_HEADER.size + 1
+    payload = XLOG_DATA_PAYLOAD_OFFSET
     return sum(1 for f in frames if f[0] == XLOG_DATA and f[payload] == _INSERT)
 
 

@@ -20,7 +20,7 @@ from typing import NamedTuple, NoReturn
 import orjson
 
 from cdc_relay.config import OutboxColumns
-from cdc_relay.pgoutput import Relation, TupleData, UnchangedToast
+from cdc_relay.decode.messages import Relation, TupleData, UnchangedToast
 
 DEFAULT_COLUMNS = OutboxColumns()
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import Settings
-from cdc_relay.decoding import plugin_options_for
+from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import (
     RelayError,
     SinkUnavailable,

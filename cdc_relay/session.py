@@ -28,14 +28,8 @@ from typing import Any, Protocol
 
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
-from cdc_relay.decoding import decoder_for
-from cdc_relay.errors import ProtocolError, RelayError, SinkUnavailable, StopSession
-from cdc_relay.lsn import format_lsn
-from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
-from cdc_relay.observability.stats import RelayStats
-from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
-from cdc_relay.pgoutput import (
+from cdc_relay.decode import decoder_for
+from cdc_relay.decode.messages import (
     Begin,
     Commit,
     DecodeError,
@@ -44,6 +38,12 @@ from cdc_relay.pgoutput import (
     Relation,
     StreamStart,
 )
+from cdc_relay.errors import ProtocolError, RelayError, SinkUnavailable, StopSession
+from cdc_relay.lsn import format_lsn
+from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.tracing import Tracing
+from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     DeliveryFailure,
@@ -52,7 +52,14 @@ from cdc_relay.publisher import (
     TransactionCallback,
     refusal,
 )
-from cdc_relay.replication.protocol import PRIMARY_KEEPALIVE, XLOG_DATA, postgres_time_to_unix
+from cdc_relay.replication.protocol import (
+    KEEPALIVE_REPLY_REQUESTED,
+    KEEPALIVE_WAL_END,
+    PRIMARY_KEEPALIVE,
+    XLOG_DATA,
+    XLOG_WAL_END,
+    postgres_time_to_unix,
+)
 from cdc_relay.topics import TopicAdmin, TopicRules
 from cdc_relay.watermark import PendingTransaction
 
@@ -61,8 +68,6 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
 HOUSEKEEPING_SPACING = 0.001  # at most this often when the received data runs out
-_KEEPALIVE_WAL_END = slice(1, 9)
-_XLOG_WAL_END = slice(9, 17)
 
 
 class ReplicationSource(Protocol):
@@ -215,7 +220,7 @@ class Session:
                         txn = None
                         callback = None
                         confirmer.received = max(confirmer.received, message.end_lsn)
-                        wal_end = int.from_bytes(data[_XLOG_WAL_END], "big")
+                        wal_end = int.from_bytes(data[XLOG_WAL_END], "big")
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
                     elif isinstance(message, Relation):
                         self.on_relation(message)
@@ -237,12 +242,14 @@ class Session:
                     counter = 0
                     self.housekeeping()
             elif kind == PRIMARY_KEEPALIVE:
-                wal_end = int.from_bytes(data[_KEEPALIVE_WAL_END], "big")
+                wal_end = int.from_bytes(data[KEEPALIVE_WAL_END], "big")
                 confirmer.received = max(confirmer.received, wal_end)
                 stats.server_wal_end = max(stats.server_wal_end, wal_end)
                 if txn is None:
                     watermark.idle(wal_end)
-                if data[17]:  # the server asks for a reply now (wal_sender_timeout)
+                if data[
+                    KEEPALIVE_REPLY_REQUESTED
+                ]:  # the server asks for a reply now (wal_sender_timeout)
                     self.housekeeping(reply=True)
             else:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import Final
 
 from cdc_relay.errors import ProtocolError
 
@@ -19,10 +20,20 @@ POSTGRES_EPOCH_UNIX = 946_684_800  # 2000-01-01T00:00:00Z in Unix seconds
 XLOG_DATA = 0x77  # 'w'
 PRIMARY_KEEPALIVE = 0x6B  # 'k'
 
-# Header of XLogData: data start, WAL end, send time. The plugin message follows it.
-XLOG_DATA_HEADER = struct.Struct(">QQq")
-XLOG_DATA_PAYLOAD_OFFSET = 1 + XLOG_DATA_HEADER.size
-_KEEPALIVE = struct.Struct(">QqB")
+# The one statement of both messages' layout, as positions in the CopyData payload. The relay's
+# loop reads a field in place with them (``int.from_bytes(data[XLOG_WAL_END], "big")``): no struct,
+# no object per message. Unsigned LSNs and signed timestamps, all big-endian Int64.
+# XLogData: data start, WAL end, send time, then one output-plugin message.
+XLOG_DATA_START: Final = slice(1, 9)
+XLOG_WAL_END: Final = slice(9, 17)
+XLOG_SEND_TIME: Final = slice(17, 25)
+XLOG_DATA_PAYLOAD_OFFSET: Final = 25
+XLOG_PAYLOAD: Final = slice(XLOG_DATA_PAYLOAD_OFFSET, None)
+# Primary keepalive: WAL end, send time, then one byte, 1 if the server wants a reply now.
+KEEPALIVE_WAL_END: Final = slice(1, 9)
+KEEPALIVE_SEND_TIME: Final = slice(9, 17)
+KEEPALIVE_REPLY_REQUESTED: Final = 17
+_KEEPALIVE_SIZE = KEEPALIVE_REPLY_REQUESTED + 1
 _STATUS_UPDATE = struct.Struct(">cQQQqB")
 
 
@@ -42,20 +53,32 @@ class PrimaryKeepalive:
 
 
 def parse_copy_data(buf: memoryview | bytes) -> XLogData | PrimaryKeepalive:
-    """Frame one CopyData payload received during START_REPLICATION."""
+    """Frame one CopyData payload received during START_REPLICATION, checking its length.
+
+    For readers off the hot path (the fixture capture, tests). The relay's loop indexes the
+    constants above in place instead, so this reads through exactly the same positions.
+    """
     view = memoryview(buf)
     if not view:
         raise ProtocolError("empty CopyData message from the server")
     kind = view[0]
-    try:
-        if kind == XLOG_DATA:
-            start, end, sent = XLOG_DATA_HEADER.unpack_from(view, 1)
-            return XLogData(start, end, sent, view[XLOG_DATA_PAYLOAD_OFFSET:])
-        if kind == PRIMARY_KEEPALIVE:
-            end, sent, reply = _KEEPALIVE.unpack_from(view, 1)
-            return PrimaryKeepalive(end, sent, bool(reply))
-    except struct.error:
-        raise ProtocolError(f"truncated replication message {chr(kind)!r}") from None
+    if kind == XLOG_DATA:
+        if len(view) < XLOG_DATA_PAYLOAD_OFFSET:
+            raise ProtocolError("truncated replication message 'w'")
+        return XLogData(
+            int.from_bytes(view[XLOG_DATA_START], "big"),
+            int.from_bytes(view[XLOG_WAL_END], "big"),
+            int.from_bytes(view[XLOG_SEND_TIME], "big", signed=True),
+            view[XLOG_PAYLOAD],
+        )
+    if kind == PRIMARY_KEEPALIVE:
+        if len(view) < _KEEPALIVE_SIZE:
+            raise ProtocolError("truncated replication message 'k'")
+        return PrimaryKeepalive(
+            int.from_bytes(view[KEEPALIVE_WAL_END], "big"),
+            int.from_bytes(view[KEEPALIVE_SEND_TIME], "big", signed=True),
+            bool(view[KEEPALIVE_REPLY_REQUESTED]),
+        )
     raise ProtocolError(f"unknown replication message type {kind:#04x}")
 
 

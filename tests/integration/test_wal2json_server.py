@@ -8,9 +8,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc_relay.decode.messages import Begin, Commit, Insert
+from cdc_relay.decode.wal2json import Wal2JsonDecoder, Wal2JsonMessage, plugin_options
 from cdc_relay.lsn import format_lsn, parse_lsn
-from cdc_relay.pgoutput import Begin, Commit, Insert
-from cdc_relay.wal2json import Wal2JsonDecoder, Wal2JsonMessage, plugin_options
 from tests.unit.test_wal2json import of_type
 
 pytestmark = pytest.mark.integration

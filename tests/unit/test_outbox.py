@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
-from cdc_relay.pgoutput import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 
 TEXT, UUID, JSONB = 25, 2950, 3802
 TYPES = {"id": UUID, "payload": JSONB, "headers": JSONB}

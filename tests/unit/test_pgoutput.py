@@ -1,4 +1,4 @@
-"""Tests for cdc_relay.pgoutput against pgoutput bytes captured from a real PostgreSQL 15.
+"""Tests for cdc_relay.decode.pgoutput against pgoutput bytes captured from a real PostgreSQL 15.
 
 The fixtures are produced by tests/fixtures/capture_pgoutput.py (run by hand). LSNs, xids, OIDs
 and commit timestamps change on every capture, so they are only asserted through relations
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_relay import pgoutput
-from cdc_relay.pgoutput import (
+from cdc_relay.decode import pgoutput
+from cdc_relay.decode.messages import (
     UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
@@ -34,9 +34,8 @@ from cdc_relay.pgoutput import (
     Delete,
     Insert,
     LogicalMessage,
+    Message,
     Origin,
-    PgOutputDecoder,
-    PgOutputMessage,
     Prepare,
     Relation,
     RollbackPrepared,
@@ -51,6 +50,7 @@ from cdc_relay.pgoutput import (
     Update,
     pg_timestamp_to_datetime,
 )
+from cdc_relay.decode.pgoutput import PgOutputDecoder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
 FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
@@ -101,7 +101,7 @@ def parse_lsn(text: str) -> int:
 
 
 @cache
-def decoded(case: str, capture: str) -> list[tuple[dict[str, Any], PgOutputMessage]]:
+def decoded(case: str, capture: str) -> list[tuple[dict[str, Any], Message]]:
     """Decode one capture of one case, in order, with a single decoder (as a consumer would)."""
     decoder = PgOutputDecoder()
     entries = [e for e in load(case)["messages"] if e["capture"] == capture]
@@ -109,7 +109,7 @@ def decoded(case: str, capture: str) -> list[tuple[dict[str, Any], PgOutputMessa
     return [(e, decoder.decode(bytes.fromhex(e["hex"]))) for e in entries]
 
 
-def messages(case: str, capture: str, step: str | None = None) -> list[PgOutputMessage]:
+def messages(case: str, capture: str, step: str | None = None) -> list[Message]:
     """Decoded messages, optionally only those produced by the step whose description is given."""
     return [
         msg
@@ -118,11 +118,11 @@ def messages(case: str, capture: str, step: str | None = None) -> list[PgOutputM
     ]
 
 
-def of_type(msgs: list[PgOutputMessage], cls: type[M]) -> list[M]:
+def of_type(msgs: list[Message], cls: type[M]) -> list[M]:
     return [m for m in msgs if isinstance(m, cls)]
 
 
-def one(msgs: list[PgOutputMessage], cls: type[M]) -> M:
+def one(msgs: list[Message], cls: type[M]) -> M:
     found = of_type(msgs, cls)
     assert len(found) == 1, f"expected one {cls.__name__}, got {found}"
     return found[0]
@@ -513,9 +513,9 @@ def test_origin(capture: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def split_segments(msgs: list[PgOutputMessage]) -> list[list[PgOutputMessage]]:
+def split_segments(msgs: list[Message]) -> list[list[Message]]:
     """Messages between each Stream Start and its Stream Stop (Start included)."""
-    segments: list[list[PgOutputMessage]] = []
+    segments: list[list[Message]] = []
     for msg in msgs:
         if isinstance(msg, StreamStart):
             segments.append([msg])

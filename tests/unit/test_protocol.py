@@ -7,14 +7,21 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cdc_relay.errors import ProtocolError, SourceError
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.replication.protocol import (
+    KEEPALIVE_REPLY_REQUESTED,
+    KEEPALIVE_WAL_END,
     POSTGRES_EPOCH_UNIX,
     PRIMARY_KEEPALIVE,
     XLOG_DATA,
     XLOG_DATA_PAYLOAD_OFFSET,
+    XLOG_DATA_START,
+    XLOG_PAYLOAD,
+    XLOG_WAL_END,
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
@@ -24,6 +31,8 @@ from cdc_relay.replication.protocol import (
 )
 
 MAX_LSN = (1 << 64) - 1
+lsns = st.integers(0, MAX_LSN)
+times = st.integers(-(1 << 63), (1 << 63) - 1)
 
 
 def xlog_data(start: int, end: int, sent: int, payload: bytes) -> bytes:
@@ -101,6 +110,30 @@ def test_keepalive_edge_values() -> None:
 def test_keepalive_trailing_bytes_are_ignored() -> None:
     message = parse_copy_data(keepalive(5, 6, 0) + b"\x00\xff")
     assert message == PrimaryKeepalive(5, 6, False)
+
+
+# The relay's loop and the decoders read fields in place through the exported positions; the
+# parser reads through the same ones. Both must agree with frames built from the documented layout.
+@given(lsns, lsns, times, st.binary(max_size=40))
+def test_in_place_xlog_data_reads_agree_with_the_parser(
+    start: int, end: int, sent: int, payload: bytes
+) -> None:
+    raw = xlog_data(start, end, sent, payload)
+    message = parse_copy_data(raw)
+    assert message == XLogData(start, end, sent, memoryview(payload))
+    assert int.from_bytes(raw[XLOG_DATA_START], "big") == start
+    assert int.from_bytes(raw[XLOG_WAL_END], "big") == end
+    assert raw[XLOG_PAYLOAD] == payload == raw[XLOG_DATA_PAYLOAD_OFFSET:]
+
+
+@given(lsns, times, st.sampled_from([0, 1]), st.binary(max_size=4))
+def test_in_place_keepalive_reads_agree_with_the_parser(
+    end: int, sent: int, reply: int, trailing: bytes
+) -> None:
+    raw = keepalive(end, sent, reply) + trailing
+    assert parse_copy_data(raw) == PrimaryKeepalive(end, sent, bool(reply))
+    assert int.from_bytes(raw[KEEPALIVE_WAL_END], "big") == end
+    assert raw[KEEPALIVE_REPLY_REQUESTED] == reply
 
 
 def test_empty_message() -> None:

@@ -13,11 +13,11 @@ import pytest
 from confluent_kafka import KafkaError
 
 from cdc_relay.config import Settings, load_settings
-from cdc_relay.decoding import decoder_for
+from cdc_relay.decode import decoder_for
+from cdc_relay.decode.messages import Commit, Insert
 from cdc_relay.errors import PoisonRecordError, SinkUnavailable, StopSession
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.pgoutput import Commit, Insert
 from cdc_relay.session import Session
 from cdc_relay.topics import TopicRules
 from tests.fakes import (

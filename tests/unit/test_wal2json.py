@@ -1,4 +1,4 @@
-"""Tests for cdc_relay.wal2json against wal2json output captured from a real PostgreSQL 15.
+"""Tests for cdc_relay.decode.wal2json against wal2json output captured from a real PostgreSQL 15.
 
 The fixtures are produced by tests/fixtures/capture_wal2json.py (run by hand). LSNs, xids and
 timestamps change on every capture, so they are only asserted through relations between messages
@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from cdc_relay.lsn import parse_lsn
-from cdc_relay.pgoutput import (
+from cdc_relay.decode.messages import (
     UNCHANGED_TOAST,
     Begin,
     Commit,
@@ -28,19 +27,20 @@ from cdc_relay.pgoutput import (
     Delete,
     Insert,
     LogicalMessage,
-    PgOutputDecoder,
-    PgOutputMessage,
+    Message,
     Relation,
     Truncate,
     Update,
     pg_timestamp_to_datetime,
 )
-from cdc_relay.wal2json import (
+from cdc_relay.decode.pgoutput import PgOutputDecoder
+from cdc_relay.decode.wal2json import (
     PLUGIN_OPTIONS,
     Wal2JsonDecoder,
     Wal2JsonMessage,
     plugin_options,
 )
+from cdc_relay.lsn import parse_lsn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "wal2json"
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"
@@ -122,7 +122,7 @@ def messages(case: str, step: int | None = None, capture: str = "wal2json") -> l
 
 
 @cache
-def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], PgOutputMessage]]:
+def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], Message]]:
     decoder = PgOutputDecoder()
     return [
         (e, decoder.decode(bytes.fromhex(e["hex"])))
@@ -131,7 +131,7 @@ def pgoutput_decoded(case: str) -> list[tuple[dict[str, Any], PgOutputMessage]]:
     ]
 
 
-def pgoutput_messages(case: str, step: int | None = None) -> list[PgOutputMessage]:
+def pgoutput_messages(case: str, step: int | None = None) -> list[Message]:
     return [m for e, m in pgoutput_decoded(case) if step is None or e["step"] == step]
 
 

@@ -4,7 +4,7 @@ Why this module exists: the relay normally reads its slot with the built-in ``pg
 which needs a publication, and creating one requires owning the outbox table. Some deployments
 (managed services, shared databases, existing CDC slots) only offer ``wal2json`` slots, which
 filter by table with a plugin option instead (``add-tables``). This decoder turns wal2json's
-JSON messages into exactly the message types of :mod:`cdc_relay.pgoutput` (``Begin``,
+JSON messages into exactly the message types of :mod:`cdc_relay.decode.messages` (``Begin``,
 ``Relation``, ``Insert``, ``Commit`` ...), so the relay loop works unchanged with either plugin.
 Like the pgoutput decoder it is pure: bytes in, frozen dataclasses out; no I/O, clock or logging.
 
@@ -28,7 +28,7 @@ Everything below was checked against wal2json 2.5 on PostgreSQL 15 (fixtures in
   bytes of ``SELECT payload::text``. All texts are printed with the decoding session's settings
   (TimeZone, DateStyle), as pgoutput's are.
 * Unchanged TOASTed columns are left out of an Update's ``columns``; they become
-  :data:`~cdc_relay.pgoutput.UNCHANGED_TOAST` at their position in the table's last Relation.
+  :data:`~cdc_relay.decode.messages.UNCHANGED_TOAST` at their position in the table's last Relation.
 * Logical message content is written as a C string: it stops at the first NUL byte, and bytes
   that are not UTF-8 are copied raw into the JSON (invalid UTF-8 in the message). We still decode
   such a message, returning the raw bytes up to the NUL.
@@ -59,8 +59,7 @@ from typing import Any, Final, TypeAlias
 
 import orjson
 
-from cdc_relay.lsn import parse_lsn
-from cdc_relay.pgoutput import (
+from cdc_relay.decode.messages import (
     PG_EPOCH,
     UNCHANGED_TOAST,
     Begin,
@@ -76,6 +75,7 @@ from cdc_relay.pgoutput import (
     Update,
     Value,
 )
+from cdc_relay.lsn import parse_lsn
 
 __all__ = [
     "PLUGIN_NAME",
@@ -233,7 +233,7 @@ class Wal2JsonDecoder:
 
     Stateful only in what it announced: the column list of each table (to emit a Relation when
     it first appears or changes). Use one decoder per replication connection, feeding it every
-    message in order, as with :class:`~cdc_relay.pgoutput.PgOutputDecoder`.
+    message in order, as with :class:`~cdc_relay.decode.pgoutput.PgOutputDecoder`.
 
     Which LSN marks the end of a transaction. A restarted slot skips a transaction when its
     commit record *starts* before the confirmed position (``start_decoding_at``), so the
@@ -267,8 +267,8 @@ class Wal2JsonDecoder:
 
         ``wal_start`` is the XLogData ``data_start`` (or the row's ``lsn``). Returns the messages
         in order: usually one, a Relation then an Insert/Update when a column list is new.
-        Raises :class:`~cdc_relay.pgoutput.DecodeError` for anything that is not a wal2json v2
-        message.
+        Raises :class:`~cdc_relay.decode.messages.DecodeError` for anything that is not a
+        wal2json v2 message.
         """
         lossy = False
         try:

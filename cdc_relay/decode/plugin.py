@@ -1,6 +1,6 @@
 """The output plugin, chosen by configuration: its START_REPLICATION options and its decoder.
 
-Both decoders emit the same message types (those of :mod:`cdc_relay.pgoutput`), so everything
+Both decoders emit the same message types (those of :mod:`cdc_relay.decode.messages`), so everything
 after this point — outbox mapping, publishing, the watermark — is the same for either plugin.
 A decoder here takes a whole XLogData payload (header included), because wal2json needs the
 message's WAL position and pgoutput does not.
@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.pgoutput import PgOutputDecoder, PgOutputMessage
-from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
-from cdc_relay.wal2json import Wal2JsonDecoder, plugin_options
+from cdc_relay.decode.messages import Message
+from cdc_relay.decode.pgoutput import PgOutputDecoder
+from cdc_relay.decode.wal2json import Wal2JsonDecoder, plugin_options
+from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
-XLogDecoder = Callable[[memoryview], Sequence[PgOutputMessage]]
-_DATA_START = slice(1, 9)
+XLogDecoder = Callable[[memoryview], Sequence[Message]]
 
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
@@ -37,17 +37,16 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
 
 def decoder_for(settings: Settings) -> XLogDecoder:
     """A fresh decoder (decoders keep per-connection state) for one replication session."""
-    offset = XLOG_DATA_PAYLOAD_OFFSET
     if settings.plugin is Plugin.WAL2JSON:
         wal2json = Wal2JsonDecoder().decode
 
-        def decode_wal2json(data: memoryview) -> Sequence[PgOutputMessage]:
-            return wal2json(data[offset:], int.from_bytes(data[_DATA_START], "big"))
+        def decode_wal2json(data: memoryview) -> Sequence[Message]:
+            return wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big"))
 
         return decode_wal2json
     pgoutput = PgOutputDecoder().decode
 
-    def decode_pgoutput(data: memoryview) -> Sequence[PgOutputMessage]:
-        return (pgoutput(data[offset:]),)
+    def decode_pgoutput(data: memoryview) -> Sequence[Message]:
+        return (pgoutput(data[XLOG_PAYLOAD]),)
 
     return decode_pgoutput

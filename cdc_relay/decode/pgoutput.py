@@ -8,309 +8,53 @@ here, pure (bytes in, immutable message objects out, no I/O, no clock, no loggin
 tested exhaustively against byte fixtures captured from a real server, benchmarked on its own,
 and reused by every component that touches the replication stream.
 
-Conventions:
+Conventions (the messages' own are in :mod:`cdc_relay.decode.messages`):
 
-* LSNs, xids, OIDs and timestamps are plain ``int``. Timestamps are microseconds since the
-  PostgreSQL epoch (2000-01-01 00:00:00 UTC), exactly as on the wire; use
-  :func:`pg_timestamp_to_datetime` to convert one.
-* Column values are not interpreted: a text-format value (``'t'``) and a binary-format value
-  (``'b'``) are both returned as ``bytes``; SQL NULL (``'n'``) is ``None``; an unchanged TOASTed
-  value (``'u'``, the old value was not logged) is the :data:`UNCHANGED_TOAST` sentinel.
+* Column values: a text-format value (``'t'``) and a binary-format value (``'b'``) are both
+  returned as ``bytes``; SQL NULL (``'n'``) is ``None``; an unchanged TOASTed value (``'u'``) is
+  :data:`~cdc_relay.decode.messages.UNCHANGED_TOAST`.
 * Fields are read in wire order, one handler per message type, dispatched on the first byte.
 * Malformed input (unknown type byte, truncated buffer, bad tuple kind, invalid UTF-8) raises
-  :class:`DecodeError`, never ``IndexError`` or ``struct.error``. Trailing bytes after the last
-  known field are ignored, so that fields appended by newer protocol versions do not break us.
+  :class:`~cdc_relay.decode.messages.DecodeError`, never ``IndexError`` or ``struct.error``.
+  Trailing bytes after the last known field are ignored, so that fields appended by newer
+  protocol versions do not break us.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final, NamedTuple, TypeAlias, final
+from typing import Any, Final, TypeAlias
 
-__all__ = [
-    "PG_EPOCH",
-    "UNCHANGED_TOAST",
-    "Begin",
-    "BeginPrepare",
-    "Commit",
-    "CommitPrepared",
-    "DecodeError",
-    "Delete",
-    "Insert",
-    "LogicalMessage",
-    "Origin",
-    "PgOutputDecoder",
-    "PgOutputMessage",
-    "Prepare",
-    "Relation",
-    "RelationColumn",
-    "RollbackPrepared",
-    "StreamAbort",
-    "StreamCommit",
-    "StreamPrepare",
-    "StreamStart",
-    "StreamStop",
-    "Truncate",
-    "TupleData",
-    "Type",
-    "UnchangedToast",
-    "Update",
-    "Value",
-    "pg_timestamp_to_datetime",
-]
-
-PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def pg_timestamp_to_datetime(ts: int) -> datetime:
-    """Convert a wire timestamp (microseconds since 2000-01-01 UTC) to an aware ``datetime``."""
-    return PG_EPOCH + timedelta(microseconds=ts)
-
-
-# --------------------------------------------------------------------------------------------
-# Values and messages
-# --------------------------------------------------------------------------------------------
-
-
-@final
-class UnchangedToast:
-    """Type of :data:`UNCHANGED_TOAST`: a TOASTed column whose value the server did not send.
-
-    Happens in Update new-tuples when the large value was not modified and replica identity does
-    not include it. There is exactly one instance; compare with ``is``.
-    """
-
-    __slots__ = ()
-    _instance: ClassVar[UnchangedToast | None] = None
-
-    def __new__(cls) -> UnchangedToast:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNCHANGED_TOAST"
-
-    def __reduce__(self) -> str:
-        return "UNCHANGED_TOAST"  # pickle by reference to the module global: stays a singleton
-
-
-UNCHANGED_TOAST: Final = UnchangedToast()
-
-Value: TypeAlias = bytes | UnchangedToast | None
-TupleData: TypeAlias = tuple[Value, ...]
-
-
-# The messages every transaction or row brings (Begin, Commit, Insert, LogicalMessage) are
-# NamedTuples: as immutable as the frozen dataclasses used for the rest, but about three times
-# cheaper to build, which counts at 100k rows/s.
-class Begin(NamedTuple):
-    final_lsn: int
-    commit_ts: int
-    xid: int
-
-
-class Commit(NamedTuple):
-    flags: int
-    commit_lsn: int
-    end_lsn: int
-    commit_ts: int
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    commit_lsn: int
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class RelationColumn:
-    flags: int
-    name: str
-    type_oid: int
-    type_modifier: int
-
-    @property
-    def is_key(self) -> bool:
-        """True if the column is part of the relation's replica identity."""
-        return bool(self.flags & 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Relation:
-    relation_id: int
-    namespace: str
-    name: str
-    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
-    columns: tuple[RelationColumn, ...]
-    xid: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Type:
-    type_oid: int
-    namespace: str
-    name: str
-    xid: int | None
-
-
-class Insert(NamedTuple):
-    relation_id: int
-    new: TupleData
-    xid: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Update:
-    relation_id: int
-    old: TupleData | None  # whole old row ('O'): REPLICA IDENTITY FULL
-    key: TupleData | None  # old replica-identity key ('K'): only sent when the key changed
-    new: TupleData
-    xid: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    relation_id: int
-    old: TupleData | None
-    key: TupleData | None
-    xid: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Truncate:
-    relation_ids: tuple[int, ...]
-    options: int
-    xid: int | None
-
-    @property
-    def cascade(self) -> bool:
-        return bool(self.options & 1)
-
-    @property
-    def restart_identity(self) -> bool:
-        return bool(self.options & 2)
-
-
-class LogicalMessage(NamedTuple):
-    transactional: bool
-    lsn: int  # observed on PG 15: the *end* of the message's WAL record, not its start
-    prefix: str
-    content: bytes
-    xid: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStart:
-    xid: int
-    first_segment: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStop:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class StreamCommit:
-    xid: int
-    flags: int
-    commit_lsn: int
-    end_lsn: int
-    commit_ts: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamAbort:
-    xid: int
-    subxid: int  # equals xid when the whole top-level transaction aborted
-    abort_lsn: int | None  # only sent with proto v4 and streaming = parallel (PG16+)
-    abort_ts: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class BeginPrepare:
-    prepare_lsn: int
-    end_lsn: int
-    prepare_ts: int
-    xid: int
-    gid: str
-
-
-@dataclass(frozen=True, slots=True)
-class Prepare:
-    flags: int
-    prepare_lsn: int
-    end_lsn: int
-    prepare_ts: int
-    xid: int
-    gid: str
-
-
-@dataclass(frozen=True, slots=True)
-class CommitPrepared:
-    flags: int
-    commit_lsn: int
-    end_lsn: int
-    commit_ts: int
-    xid: int
-    gid: str
-
-
-@dataclass(frozen=True, slots=True)
-class RollbackPrepared:
-    flags: int
-    prepare_end_lsn: int
-    rollback_end_lsn: int
-    prepare_ts: int
-    rollback_ts: int
-    xid: int
-    gid: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPrepare:
-    flags: int
-    prepare_lsn: int
-    end_lsn: int
-    prepare_ts: int
-    xid: int
-    gid: str
-
-
-PgOutputMessage: TypeAlias = (
-    Begin
-    | Commit
-    | Origin
-    | Relation
-    | Type
-    | Insert
-    | Update
-    | Delete
-    | Truncate
-    | LogicalMessage
-    | StreamStart
-    | StreamStop
-    | StreamCommit
-    | StreamAbort
-    | BeginPrepare
-    | Prepare
-    | CommitPrepared
-    | RollbackPrepared
-    | StreamPrepare
+from cdc_relay.decode.messages import (
+    UNCHANGED_TOAST,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    DecodeError,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    RelationColumn,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TupleData,
+    Type,
+    Update,
+    Value,
 )
 
-
-class DecodeError(ValueError):
-    """A pgoutput message could not be decoded. ``offset`` is the byte offset of the problem."""
-
-    def __init__(self, message: str, *, offset: int, message_type: str | None) -> None:
-        super().__init__(message)
-        self.offset = offset
-        self.message_type = message_type
+__all__ = ["PgOutputDecoder"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,7 +374,7 @@ def _decode_stream_prepare(buf: bytes, streamed: bool) -> StreamPrepare:
     return StreamPrepare(flags, prepare_lsn, end_lsn, prepare_ts, xid, gid)
 
 
-_Handler: TypeAlias = Callable[[bytes, bool], PgOutputMessage]
+_Handler: TypeAlias = Callable[[bytes, bool], Message]
 
 _STREAM_START_BYTE: Final = ord("S")
 _STREAM_STOP_BYTE: Final = ord("E")
@@ -679,7 +423,7 @@ class PgOutputDecoder:
         """True between a Stream Start and the following Stream Stop."""
         return self._in_stream
 
-    def decode(self, data: bytes | memoryview) -> PgOutputMessage:
+    def decode(self, data: bytes | memoryview) -> Message:
         """Decode one pgoutput message (the ``data`` of one XLogData / slot-function row)."""
         buf = data if type(data) is bytes else bytes(data)
         if not buf:
