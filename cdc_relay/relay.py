@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import MissingTopics, PoisonPolicy, Settings
 from cdc_relay.dead_letter import ERROR_HEADER, DeadLetter, text_bytes
@@ -194,7 +195,7 @@ class Relay:
             self.tracing.shutdown()
 
     def _run_sessions(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
         first = True
         try:
             while not self.stopping:
@@ -205,26 +206,26 @@ class Relay:
                     self.stats.streaming = False
                     self.stats.reconnects += 1
                     if self.stats.published != published_before:
-                        backoff = 0.5  # the session did work: this is a new failure
+                        backoff.reset()  # the session did work: this is a new failure
                     if first and isinstance(exc, SlotInUse):
                         raise
                     if isinstance(exc, SinkUnavailable):
                         self._drop_publisher(purge=True)
                     # Only transient failures get here; permanent ones (ConfigError, a
                     # SourceSetupError such as failed authentication) end run() at once.
+                    delay = backoff.delay()
                     log.warning(
                         "session ended, retrying from the confirmed position",
                         extra={
                             "fields": {
                                 "transient": True,
                                 "reason": str(exc),
-                                "retry_in_s": round(backoff, 2),
+                                "retry_in_s": round(delay, 2),
                                 "resume_lsn": format_lsn(self._confirmed or 0),
                             }
                         },
                     )
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, self.settings.reconnect_max_backoff)
+                    self._stop.wait(delay)
                 first = False
         finally:
             self._drop_publisher(purge=False)
