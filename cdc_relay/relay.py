@@ -59,6 +59,7 @@ from cdc_relay.pgoutput import (
     Relation,
     StreamStart,
 )
+from cdc_relay.prerequisites import require, require_usable_slot
 from cdc_relay.publisher import (
     DeliveryFailure,
     DeliveryTracker,
@@ -282,7 +283,7 @@ class Relay:
             settings.slot_name,
             settings.plugin.value,
         )
-        source.preflight()
+        require(conn, settings)
         if source.ensure_publication():
             log.info(
                 "created publication", extra={"fields": {"publication": settings.publication_name}}
@@ -303,7 +304,7 @@ class Relay:
             store.save(start, new_slot=True)
             recorded = start
         else:
-            source.check_slot(slot)
+            require_usable_slot(conn, settings, slot)
             start, warning = resolve_start(
                 settings.slot_name, slot.confirmed_flush or 0, recorded, settings.allow_slot_reset
             )
