@@ -4,7 +4,8 @@ Each prerequisite is a method of :class:`Prerequisites` that returns what it fou
 detail) or raises :class:`Unmet` with what to do about it:
 
 * the relay's start (and ``setup``) calls :func:`require`: the prerequisites it cannot stream
-  without, in order, stopping at the first unmet one with the project's error (exit 3);
+  without (server, role, tables, an existing publication's coverage), in order, stopping at the
+  first unmet one with the project's error (exit 3);
   :func:`require_usable_slot` then judges the slot it found;
 * ``python -m cdc_relay check`` runs every check and prints one line each (:func:`outcome`).
 
@@ -91,6 +92,7 @@ def require(conn: Connection, settings: Settings) -> None:
         ("privileges", checks.replication_role),
     ]
     steps += [(f"table {t.table}", partial(checks.table_columns, t)) for t in checks.tables]
+    steps.append(("publication", checks.publication_covers))
     for name, probe in steps:
         try:
             probe()
@@ -346,36 +348,59 @@ class Prerequisites:
                 f"{name} publishes ALL TABLES, every write of the database would be decoded: "
                 f"DROP PUBLICATION {name}; {create}"
             )
-        rows = self.conn.execute(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s",
-            (name,),
-        ).fetchall()
-        published = {str(r[0]) for r in rows}
-        problems: list[str] = []
+        published = self._published_tables(name)
+        problems = self._coverage(name, published, insert)
         extra = sorted(published - set(wanted))
         if extra:
             problems.append(
                 f"it also publishes {', '.join(extra)}: run ALTER PUBLICATION {name} DROP TABLE "
                 f"{', '.join(extra)}"
             )
-        missing = [t for t in wanted if t not in published]
+        others = [
+            a for a, on in (("update", update), ("delete", delete), ("truncate", truncate)) if on
+        ]
+        if others:
+            problems.append(
+                f"it publishes {', '.join(others)}; the relay needs inserts only (the sweeper's "
+                f"deletes must not stream): run ALTER PUBLICATION {name} SET (publish = 'insert')"
+            )
+        if problems:
+            raise Unmet(f"{name}: " + "; ".join(problems))
+        return f"{name} (owner {owner}) publishes inserts of {', '.join(wanted)} only"
+
+    def publication_covers(self) -> str:
+        """The publication, if it exists, streams the inserts of every outbox table — what the
+        relay's start requires (it creates a missing one; ``check`` asks for more)."""
+        name = self.settings.publication_name
+        insert = scalar(self.conn, "SELECT pubinsert FROM pg_publication WHERE pubname = %s", name)
+        if insert is None:
+            return f"{name} does not exist yet"
+        problems = self._coverage(name, self._published_tables(name), bool(insert))
+        if problems:
+            raise Unmet(f"{name}: " + "; ".join(problems))
+        return f"{name} publishes the inserts of every outbox table"
+
+    def _published_tables(self, name: str) -> set[str]:
+        rows = self.conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s",
+            (name,),
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _coverage(self, name: str, published: set[str], insert: bool) -> list[str]:
+        problems: list[str] = []
+        missing = [t.table for t in self.tables if t.table not in published]
         if missing:
             problems.append(
                 f"it lacks {', '.join(missing)}: run ALTER PUBLICATION {name} ADD TABLE "
                 f"{', '.join(missing)}"
             )
-        others = [
-            a for a, on in (("update", update), ("delete", delete), ("truncate", truncate)) if on
-        ]
-        if not insert or others:
-            what = f"publishes {', '.join(others)}" if others else "does not publish inserts"
+        if not insert:
             problems.append(
-                f"it {what}; the relay needs inserts only (the sweeper's deletes must not "
-                f"stream): run ALTER PUBLICATION {name} SET (publish = 'insert')"
+                "it does not publish inserts, which the relay streams: run ALTER PUBLICATION "
+                f"{name} SET (publish = 'insert')"
             )
-        if problems:
-            raise Unmet(f"{name}: " + "; ".join(problems))
-        return f"{name} (owner {owner}) publishes inserts of {', '.join(wanted)} only"
+        return problems
 
     def _may_create_publication(self) -> bool:
         if not scalar(self.conn, "SELECT has_database_privilege(current_database(), 'CREATE')"):

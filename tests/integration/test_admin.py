@@ -259,6 +259,29 @@ def test_check_fails_for_a_publication_that_publishes_too_much(
     assert f"run ALTER PUBLICATION {publication} SET (publish = 'insert')" in line
 
 
+def test_relay_and_check_refuse_a_publication_lacking_the_outbox(
+    database: str, env: dict[str, str]
+) -> None:
+    create_outbox(database)
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute(
+            f"CREATE PUBLICATION {publication} FOR TABLE other WITH (publish = 'insert')".encode()
+        )
+    fix = f"it lacks public.outbox: run ALTER PUBLICATION {publication} ADD TABLE public.outbox"
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    assert fix in failed(result)["publication"]
+    # The relay's start runs the same check (the coverage part of it) and stops at it.
+    relay = RelayProcess(env).start()
+    try:
+        assert relay.wait(30) == 3
+        assert f"publication: {publication}: {fix}" in relay.logs()
+    finally:
+        relay.close()
+
+
 def test_check_fails_for_a_missing_column(database: str, env: dict[str, str]) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(OUTBOX_DDL.replace("    event_type     text        NOT NULL,\n", "").encode())
