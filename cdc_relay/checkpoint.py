@@ -201,13 +201,14 @@ def check_missing_slot(slot_name: str, recorded: int | None, allow_reset: bool) 
         return None
     gap = (
         f"replication slot {slot_name!r} is missing, but the relay had confirmed up to "
-        f"{format_lsn(recorded)}: events committed after that and before a new slot would be "
-        "skipped"
+        f"{format_lsn(recorded)}: it was dropped after the relay used it, and events committed "
+        "after that and before a new slot would be skipped"
     )
     if not allow_reset:
         raise PositionMismatch(
-            f"{gap}. Refusing to start. If you accept that gap (or re-publish those events "
-            f"yourself), start once with {_OVERRIDE}"
+            f"{gap}. No new slot is created over that gap (the relay refuses to start, exit "
+            f"code {PositionMismatch.exit_code}): re-publish those events yourself (or accept "
+            f"the gap), then start the relay once with {_OVERRIDE}"
         )
     return f"{gap}; starting anyway because slot reset is allowed"
 

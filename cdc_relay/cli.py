@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in (None, "run", "sweep", "demo"):
         dump_stacks_on_sigusr1()
     if args.command == "demo":
-        from cdc_relay.demo import main as demo_main  # noqa: PLC0415 - servers, Kafka: late
+        from cdc_relay.commands.demo import main as demo_main  # noqa: PLC0415 - servers, Kafka: late
 
         return demo_main(args)
     try:
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     configure(settings.log_level, settings.log_format.value)
     if args.command == "status":
-        from cdc_relay.status import main as status_main  # noqa: PLC0415 - only for this command
+        from cdc_relay.commands.status import main as status_main  # noqa: PLC0415 - only for this command
 
         return status_main(settings, args.relay_host)
     if args.command in ("setup", "check", "sweep"):
@@ -214,46 +214,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def maintenance(args: argparse.Namespace, settings: Settings) -> int:
-    """The ``setup``, ``check`` and ``sweep`` commands."""
+    """The ``setup``, ``check`` and ``sweep`` commands (:mod:`cdc_relay.commands`)."""
+    # Imported late, as run() imports the relay: --help and --version stay fast.
     if args.command == "sweep":
+        from cdc_relay.commands.sweep import sweep  # noqa: PLC0415
+
         return sweep(settings, once=args.once, wait=args.wait)
-    from cdc_relay import admin  # noqa: PLC0415 - only for these commands
-
     if args.command == "setup":
-        return admin.setup(settings, create_outbox=args.create_outbox)
-    return admin.check(settings)
+        from cdc_relay.commands.setup import setup  # noqa: PLC0415
 
+        return setup(settings, create_outbox=args.create_outbox)
+    from cdc_relay.commands.check import check  # noqa: PLC0415
 
-def sweep(settings: Settings, once: bool, wait: float) -> int:
-    """``sweep --once``: one selection, deletes as the relay confirms; else sweep until stopped."""
-    import threading  # noqa: PLC0415
-
-    from cdc_relay.sweeper import Sweeper  # noqa: PLC0415 - late, as run() does
-
-    try:
-        sweeper = Sweeper(settings)
-        if once:
-            try:
-                result = sweeper.sweep_until_done(timeout=max(wait, 0.0))
-            finally:
-                sweeper.close()
-            for line in result.describe():
-                print(line)
-            return 0
-        if settings.sweep_interval <= 0:
-            raise ConfigError("CDC_RELAY_SWEEP_INTERVAL is 0 (sweeping disabled); use --once")
-    except RelayError as exc:
-        print(f"cdc-relay: {exc}", file=sys.stderr)
-        return exc.exit_code
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    sweeper.run(stop)
-    return 0
+    return check(settings)
 
 
 def run(settings: Settings) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 import psycopg
+from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc_relay.errors import ConfigError, RelayError, SourceSetupError, SourceUnavailable
@@ -113,13 +114,13 @@ def _reason(message: str) -> str:
 
 # -- connection failures --------------------------------------------------------------------------
 
-# SQLSTATEs a server answers a connection attempt with that retrying will not fix.
-_PERMANENT_SQLSTATES = {
-    "28000": "not authorised",  # invalid_authorization_specification: pg_hba, role missing
-    "28P01": "authentication failed",
-    "3D000": "database does not exist",
-    "42501": "insufficient privilege",
-}
+# What a server answers a connection attempt with that retrying will not fix.
+PERMANENT_CONNECT_ERRORS: tuple[type[psycopg.Error], ...] = (
+    errors.InvalidAuthorizationSpecification,  # pg_hba, role missing: not authorised
+    errors.InvalidPassword,  # authentication failed
+    errors.InvalidCatalogName,  # the database does not exist
+    errors.InsufficientPrivilege,
+)
 # libpq's own client-side refusals: the connection string asks for something impossible.
 _CONFIG_MESSAGES = (
     "invalid sslmode",
@@ -157,9 +158,25 @@ def connect_failure_kind(message: str, sqlstate: str | None) -> str:
     lowered = message.lower()
     if any(fragment in lowered for fragment in _CONFIG_MESSAGES):
         return "config"
-    if sqlstate in _PERMANENT_SQLSTATES or any(f in lowered for f in _PERMANENT_MESSAGES):
+    if is_error(sqlstate, PERMANENT_CONNECT_ERRORS) or any(
+        f in lowered for f in _PERMANENT_MESSAGES
+    ):
         return "permanent"
     return "transient"
+
+
+def is_error(sqlstate: str | None, classes: tuple[type[psycopg.Error], ...]) -> bool:
+    """Whether the SQLSTATE a server sent is one of psycopg's ``classes`` (:mod:`psycopg.errors`).
+
+    For the places that get a bare SQLSTATE rather than an exception: libpq results on the
+    replication connection, and connection failures.
+    """
+    if not sqlstate:
+        return False
+    try:
+        return issubclass(errors.lookup(sqlstate), classes)
+    except KeyError:
+        return False  # a SQLSTATE this psycopg does not know
 
 
 def scrub(text: str, url: str) -> str:

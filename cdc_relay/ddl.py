@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
 from cdc_relay.errors import SourceSetupError
 
+if TYPE_CHECKING:
+    from cdc_relay.config import OutboxTable
+
 OUTBOX_SQL = "001_outbox.sql"
 STATE_SQL = "002_cdc_relay_state.sql"
+PUBLICATION_SQL = "003_publication.sql"
 EMIT_SQL = "004_outbox_emit.sql"
 ROLE_SQL = "005_relay_role.sql"
 
@@ -26,6 +31,10 @@ _FILE_STATE_SCHEMA = re.compile(r"\bcdc_relay\b")
 # 004_outbox_emit.sql: the function's body between its dollar quotes, and the prefix argument in it.
 _EMIT_BODY = re.compile(r"^(?P<head>.*\n)AS \$\$\n(?P<body>.*\n)\$\$;\s*$", re.DOTALL)
 _EMIT_PREFIX_LINE = "        'outbox',\n"
+# 003_publication.sql: a DO block; the publication's name (as a value and as a name) and its table.
+_DO_BLOCK = re.compile(r"^(?P<head>.*\n)DO \$\$\n(?P<body>.*\n)\$\$;\s*$", re.DOTALL)
+_FILE_PUBLICATION = ("'cdc_relay_outbox'", "cdc_relay_outbox", "public.outbox")
+_CREATE_PUBLICATION = re.compile(r"CREATE PUBLICATION .*?;", re.DOTALL)
 
 
 def packaged_sql(name: str) -> str:
@@ -54,3 +63,52 @@ def emit_function_ddl(prefix: str, conn: psycopg.Connection[Any] | None) -> sql.
     before, after = match["body"].split(_EMIT_PREFIX_LINE)
     body = before + f"        {sql.Literal(prefix).as_string(conn)},\n" + after
     return sql.Composed([sql.SQL(match["head"] + "AS "), sql.Literal(body), sql.SQL(";")])
+
+
+def _publication_template() -> str:
+    """The DO block's body of ``sql/003_publication.sql`` with ``{literal}`` (the publication's
+    name as a value), ``{name}`` and ``{tables}`` where the file names its own."""
+    match = _DO_BLOCK.match(packaged_sql(PUBLICATION_SQL))
+    body = match["body"] if match else ""
+    if "{" in body or "}" in body or any(body.count(token) == 0 for token in _FILE_PUBLICATION):
+        raise SourceSetupError(f"sql/{PUBLICATION_SQL} is not the file this version expects")
+    literal, identifier, table = _FILE_PUBLICATION
+    template = body.replace(literal, "{literal}").replace(table, "{tables}")
+    return template.replace(identifier, "{name}")
+
+
+def _render_publication(
+    template: str, name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+) -> str:
+    return (
+        sql.SQL(template)
+        .format(
+            literal=sql.Literal(name),
+            name=sql.Identifier(name),
+            tables=sql.SQL(", ").join(sql.Identifier(*t.schema_and_name) for t in tables),
+        )
+        .as_string(conn)
+    )
+
+
+def publication_ddl(
+    name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+) -> sql.Composed:
+    """``sql/003_publication.sql`` for the publication ``name`` of ``tables``.
+
+    The block's body is passed as one literal (``DO '...'``) rather than between dollar quotes,
+    so that no name — ``$$`` included — can end it early.
+    """
+    body = _render_publication(_publication_template(), name, tables, conn)
+    return sql.Composed([sql.SQL("DO "), sql.Literal(body), sql.SQL(";")])
+
+
+def create_publication_statement(
+    name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+) -> str:
+    """The ``CREATE PUBLICATION`` statement of ``sql/003_publication.sql``, for an operator to run
+    as the tables' owner."""
+    match = _CREATE_PUBLICATION.search(_publication_template())
+    if match is None:
+        raise SourceSetupError(f"sql/{PUBLICATION_SQL} is not the file this version expects")
+    return _render_publication(match.group(), name, tables, conn)

@@ -18,6 +18,7 @@ import threading
 import psycopg
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
@@ -33,6 +34,7 @@ from cdc_relay.observability.http import HealthServer
 from cdc_relay.observability.metrics import RelayMetrics
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
+from cdc_relay.prerequisites import require, require_usable_slot
 from cdc_relay.publisher import Publisher
 from cdc_relay.replication.source import (
     SourceDatabase,
@@ -142,7 +144,7 @@ class Relay:
             self.tracing.shutdown()
 
     def _run_sessions(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
         first = True
         try:
             while not self.stopping:
@@ -153,26 +155,26 @@ class Relay:
                     self.stats.streaming = False
                     self.stats.reconnects += 1
                     if self.stats.published != published_before:
-                        backoff = 0.5  # the session did work: this is a new failure
+                        backoff.reset()  # the session did work: this is a new failure
                     if first and isinstance(exc, SlotInUse):
                         raise
                     if isinstance(exc, SinkUnavailable):
                         self._drop_publisher(purge=True)
                     # Only transient failures get here; permanent ones (ConfigError, a
                     # SourceSetupError such as failed authentication) end run() at once.
+                    delay = backoff.delay()
                     log.warning(
                         "session ended, retrying from the confirmed position",
                         extra={
                             "fields": {
                                 "transient": True,
                                 "reason": str(exc),
-                                "retry_in_s": round(backoff, 2),
+                                "retry_in_s": round(delay, 2),
                                 "resume_lsn": format_lsn(self._confirmed or 0),
                             }
                         },
                     )
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, self.settings.reconnect_max_backoff)
+                    self._stop.wait(delay)
                 first = False
         finally:
             self._drop_publisher(purge=False)
@@ -239,7 +241,7 @@ class Relay:
             settings.slot_name,
             settings.plugin.value,
         )
-        source.preflight()
+        require(conn, settings)
         if source.ensure_publication():
             log.info(
                 "created publication", extra={"fields": {"publication": settings.publication_name}}
@@ -260,7 +262,7 @@ class Relay:
             store.save(start, new_slot=True)
             recorded = start
         else:
-            source.check_slot(slot)
+            require_usable_slot(conn, settings, slot)
             start, warning = resolve_start(
                 settings.slot_name, slot.confirmed_flush or 0, recorded, settings.allow_slot_reset
             )

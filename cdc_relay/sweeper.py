@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import OutboxTable, Settings, env_name
 from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
@@ -255,8 +256,7 @@ class Sweeper:
         interval = self.settings.sweep_interval
         if interval <= 0:
             return
-        max_backoff = max(self.settings.reconnect_max_backoff, interval)
-        backoff = interval
+        backoff = Backoff(interval, max(self.settings.reconnect_max_backoff, interval))
         self._stop = stop
         try:
             while not stop.is_set():
@@ -265,17 +265,17 @@ class Sweeper:
                     result = self.sweep_once()
                 except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
                     self.close()
+                    delay = backoff.delay()
                     log.warning(
                         "sweep failed, retrying",
-                        extra={"fields": {"error": str(exc).strip(), "retry_in_s": backoff}},
+                        extra={"fields": {"error": str(exc).strip(), "retry_in_s": delay}},
                     )
-                    delay, backoff = backoff, min(backoff * 2, max_backoff)
                 except Exception:  # a bug must not end the relay's sweeping for good
                     self.close()
                     log.exception("unexpected error while sweeping, retrying")
-                    delay, backoff = backoff, min(backoff * 2, max_backoff)
+                    delay = backoff.delay()
                 else:
-                    backoff = interval
+                    backoff.reset()
                     self._log(result)
                 stop.wait(delay)
         finally:

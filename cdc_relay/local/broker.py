@@ -20,12 +20,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog
+from cdc_relay.local.lifetime import ThrowAway, Watchdog, stat_fields
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -34,7 +33,6 @@ __all__ = ["ExternalBroker", "LocalBroker", "create_topic"]
 
 _START_TIMEOUT = 30.0
 _STOP_TIMEOUT = 10.0
-_LOG_TAIL_LINES = 40
 # Tansu reads its configuration from these as well; never inherit them from the caller.
 _TANSU_ENV = (
     "CLUSTER_ID",
@@ -44,14 +42,6 @@ _TANSU_ENV = (
     "SCHEMA_REGISTRY",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"(no broker log at {path}: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def tansu_binary() -> Path:
@@ -115,7 +105,25 @@ def create_topic(
             raise
 
 
-class LocalBroker(ThrowAway):
+class _Topics:
+    """The topic API of :class:`LocalBroker` and :class:`ExternalBroker`."""
+
+    @property
+    def bootstrap_servers(self) -> str:
+        raise NotImplementedError
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        config: dict[str, str] | None = None,
+        exist_ok: bool = False,
+    ) -> None:
+        create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
+
+
+class LocalBroker(ThrowAway, _Topics):
     """A Tansu broker listening on ``127.0.0.1:PORT``, in-memory storage, one process.
 
     >>> with LocalBroker() as broker:
@@ -127,30 +135,19 @@ class LocalBroker(ThrowAway):
     empty broker).
     """
 
+    _DIRECTORY_PREFIX = "cdc-relay-broker-"
+
     def __init__(self, port: int | None = None, base_dir: Path | None = None) -> None:
-        self._requested_port = port
-        self._port: int | None = port
-        self._base_dir = base_dir
-        self._root: Path | None = None
+        super().__init__(port, base_dir)
         self._binary: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._paused = False
-        self._watchdog: Watchdog | None = None
 
     # ---------------------------------------------------------------- properties
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def directory(self) -> Path:
-        if self._root is None:
-            if self._base_dir is not None:
-                self._base_dir.mkdir(parents=True, exist_ok=True)
-            self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-broker-", dir=self._base_dir))
-            self._track()
-        return self._root
 
     @property
     def log_path(self) -> Path:
@@ -174,16 +171,6 @@ class LocalBroker(ThrowAway):
         return self._paused and self.running
 
     # ---------------------------------------------------------------- API
-
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 1,
-        *,
-        config: dict[str, str] | None = None,
-        exist_ok: bool = False,
-    ) -> None:
-        create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
 
     def start(self, timeout: float = _START_TIMEOUT) -> None:
         """Start the broker and wait until it answers a metadata request."""
@@ -258,15 +245,8 @@ class LocalBroker(ThrowAway):
         try:
             self._terminate(force=True)
         finally:
-            if self._root is not None:
-                shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
             self._binary = None
-            self._port = self._requested_port
-            if self._watchdog is not None:
-                self._watchdog.close()
-                self._watchdog = None
-            self._untrack()
+            self._release()
 
     def __repr__(self) -> str:
         return f"LocalBroker(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"
@@ -311,8 +291,7 @@ class LocalBroker(ThrowAway):
             if self._process is None or self._process.poll() is not None:
                 code = None if self._process is None else self._process.returncode
                 raise RuntimeError(
-                    f"Tansu exited with code {code} during startup\n"
-                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                    f"Tansu exited with code {code} during startup\n{self._log_tail()}"
                 )
             if not connected:
                 try:
@@ -329,27 +308,20 @@ class LocalBroker(ThrowAway):
                     last_error = exc
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"Tansu on {self.bootstrap_servers} not ready: {last_error}\n"
-                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                    f"Tansu on {self.bootstrap_servers} not ready: {last_error}\n{self._log_tail()}"
                 )
             time.sleep(0.005)
 
 
-class ExternalBroker:
+class ExternalBroker(_Topics):
     """A broker somebody else runs; offers the :class:`LocalBroker` topic API."""
 
     def __init__(self, bootstrap_servers: str) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self._bootstrap_servers = bootstrap_servers
 
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 1,
-        *,
-        config: dict[str, str] | None = None,
-        exist_ok: bool = False,
-    ) -> None:
-        create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._bootstrap_servers
 
     def __repr__(self) -> str:
         return f"ExternalBroker(bootstrap_servers={self.bootstrap_servers!r})"
@@ -363,10 +335,7 @@ def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
         return  # no procfs: trust the signal
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        states = []
-        for task in tasks.iterdir():
-            with contextlib.suppress(OSError):
-                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+        states = [fields[0] for task in tasks.iterdir() if (fields := stat_fields(task / "stat"))]
         if states and all(state in ("T", "t") for state in states):
             return
         time.sleep(0.005)

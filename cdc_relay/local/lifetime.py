@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -68,6 +70,19 @@ class Watchdog:
             process.wait()
 
 
+LOG_TAIL_LINES = 40
+
+
+def stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/<pid>[/task/<tid>]/stat`` file after the command name (state,
+    ppid, pgrp, ...); None when it cannot be read. The name is parenthesised and may itself
+    contain spaces, so the fields start after the last ``)``."""
+    try:
+        return stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -77,9 +92,17 @@ def free_port() -> int:
 
 
 class ThrowAway:
-    """Base of LocalPostgres and LocalBroker: a port, ``with`` support, cleanup at exit."""
+    """Base of LocalPostgres and LocalBroker: a port, a temporary directory, a log, ``with``
+    support, cleanup at exit."""
 
-    _port: int | None = None  # a subclass sets the one it was asked for, if any
+    _DIRECTORY_PREFIX = "cdc-relay-"  # a subclass names its kind: "cdc-relay-pg-"
+
+    def __init__(self, port: int | None, base_dir: Path | None) -> None:
+        self._requested_port = port
+        self._port: int | None = port
+        self._base_dir = base_dir
+        self._root: Path | None = None
+        self._watchdog: Watchdog | None = None
 
     @property
     def port(self) -> int:
@@ -88,11 +111,45 @@ class ThrowAway:
             self._port = free_port()
         return self._port
 
+    @property
+    def directory(self) -> Path:
+        """The temporary directory the service keeps everything in (created on first use)."""
+        if self._root is None:
+            base = self._base_dir
+            if base is not None:
+                base.mkdir(parents=True, exist_ok=True)
+            self._root = Path(tempfile.mkdtemp(prefix=self._DIRECTORY_PREFIX, dir=base))
+            self._track()
+        return self._root
+
+    @property
+    def log_path(self) -> Path:
+        raise NotImplementedError
+
     def start(self) -> None:
         raise NotImplementedError
 
     def cleanup(self) -> None:
         raise NotImplementedError
+
+    def _log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The end of the service's log, to quote when it failed."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log at {self.log_path}: {exc})"
+        return f"--- tail of {self.log_path} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def _release(self) -> None:
+        """The end of :meth:`cleanup`: the directory deleted, the port and watchdog forgotten."""
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+        self._root = None
+        self._port = self._requested_port
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
+        self._untrack()
 
     def _track(self) -> None:
         with _live_lock:

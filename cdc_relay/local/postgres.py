@@ -20,10 +20,8 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +31,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog
+from cdc_relay.local.lifetime import ThrowAway, Watchdog, stat_fields
 from cdc_relay.local.postgres_binaries import find_bindir, service_user, usable_bindir
 
 __all__ = ["ExternalPostgres", "LocalPostgres", "drop_database"]
@@ -41,7 +39,6 @@ __all__ = ["ExternalPostgres", "LocalPostgres", "drop_database"]
 _SUPERUSER = "postgres"  # the cluster's superuser role (initdb -U)
 _START_TIMEOUT = 30.0
 _STOP_TIMEOUT = 30.0
-_LOG_TAIL_LINES = 40
 
 _DEFAULT_SETTINGS: dict[str, str] = {
     "wal_level": "logical",
@@ -71,12 +68,8 @@ def _process_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs: trust kill(0)
-    # The state field follows the parenthesised command name, which may itself contain spaces.
-    state = stat.rpartition(")")[2].split()
+    state = stat_fields(Path(f"/proc/{pid}/stat"))
+    # None: no procfs, trust kill(0)
     return not state or state[0] not in ("Z", "X")
 
 
@@ -94,12 +87,14 @@ def _group_alive(pgid: int) -> bool:
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
+        fields = stat_fields(entry / "stat")
         # fields: state, ppid, pgrp, ...
-        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+        if (
+            fields is not None
+            and len(fields) >= 3
+            and fields[2] == str(pgid)
+            and fields[0] not in ("Z", "X")
+        ):
             return True
     return False
 
@@ -110,14 +105,6 @@ def _read_pid(lock_file: Path) -> int | None:
         return int(lock_file.read_text().split("\n", 1)[0].strip())
     except (OSError, ValueError):
         return None
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"(no server log at {path}: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _quote_setting(value: str) -> str:
@@ -198,38 +185,25 @@ class LocalPostgres(ThrowAway):
     last commit to survive should ``SET synchronous_commit = on`` in that session.
     """
 
+    _DIRECTORY_PREFIX = "cdc-relay-pg-"  # holds data/, the server log and the Unix socket
+
     def __init__(
         self,
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
     ) -> None:
-        self._requested_port = port
-        self._port: int | None = port
+        super().__init__(port, base_dir)
         self._settings = dict(settings or {})
         for key in self._settings:
             if not _SETTING_NAME.match(key):
                 raise ValueError(f"invalid PostgreSQL setting name: {key!r}")
-        self._base_dir = base_dir
-        self._root: Path | None = None
         self._bindir: Path | None = None
         self._as_root = os.geteuid() == 0
         self._initialised = False
         self._postmaster_pid: int | None = None
-        self._watchdog: Watchdog | None = None
 
     # ---------------------------------------------------------------- properties
-
-    @property
-    def directory(self) -> Path:
-        """The temporary directory: ``data/``, the server log and the Unix socket live here."""
-        if self._root is None:
-            base = self._base_dir
-            if base is not None:
-                base.mkdir(parents=True, exist_ok=True)
-            self._root = Path(tempfile.mkdtemp(prefix="cdc-relay-pg-", dir=base))
-            self._track()
-        return self._root
 
     @property
     def bindir(self) -> Path:
@@ -307,7 +281,7 @@ class LocalPostgres(ThrowAway):
             raise RuntimeError(
                 f"PostgreSQL failed to start (pg_ctl exit {result.returncode}): "
                 f"{result.stdout.strip()} {result.stderr.strip()}\n"
-                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                f"{self._log_tail()}"
             )
         self._postmaster_pid = self._read_postmaster_pid()
         self._wait_accepting(deadline)
@@ -337,7 +311,7 @@ class LocalPostgres(ThrowAway):
             raise RuntimeError(
                 f"PostgreSQL did not stop (pg_ctl exit {result.returncode}): "
                 f"{result.stdout.strip()} {result.stderr.strip()}\n"
-                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                f"{self._log_tail()}"
             )
         self._postmaster_pid = None
 
@@ -381,16 +355,9 @@ class LocalPostgres(ThrowAway):
                 except Exception:
                     self.kill()
         finally:
-            if self._root is not None:
-                shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
             self._initialised = False
             self._postmaster_pid = None
-            self._port = self._requested_port
-            if self._watchdog is not None:
-                self._watchdog.close()
-                self._watchdog = None
-            self._untrack()
+            self._release()
 
     def __repr__(self) -> str:
         return f"LocalPostgres(port={self._port}, directory={self._root})"
@@ -496,7 +463,7 @@ class LocalPostgres(ThrowAway):
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"PostgreSQL on port {self.port} did not accept connections: {last_error}\n"
-                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                    f"{self._log_tail()}"
                 )
             time.sleep(0.05)
 

@@ -1,6 +1,7 @@
-"""Prepare and inspect the source database: preflight checks, the publication, the slot.
+"""The source database on an ordinary (non-replication) connection: the publication, the slot.
 
-Everything here runs on an ordinary (non-replication) connection. Each failed prerequisite becomes a
+What the relay finds here and creates when missing (the publication from ``sql/``, the slot); the
+checks of what it needs live in :mod:`cdc_relay.prerequisites`. A failure becomes a
 :class:`SourceSetupError` whose message says what to run to fix it.
 """
 
@@ -14,23 +15,29 @@ from psycopg import sql
 
 from cdc_relay.config import OutboxTable
 from cdc_relay.database_url import connect_error
-from cdc_relay.errors import SlotInUse, SourceSetupError, SourceUnavailable
+from cdc_relay.ddl import create_publication_statement, publication_ddl
+from cdc_relay.errors import SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.stream import APPLICATION_NAME
 
 MIN_SERVER_VERSION = 140000
 
+Connection = psycopg.Connection[tuple[object, ...]]
+
 
 @dataclass(frozen=True)
 class SlotState:
     name: str
+    kind: str  # slot_type: "logical" or "physical"
     plugin: str
     database: str
     active_pid: int | None
     confirmed_flush: int | None
+    wal_status: str | None
+    retained_wal: int | None  # bytes the slot keeps on the server
 
 
-def connect(database_url: str) -> psycopg.Connection[tuple[object, ...]]:
+def connect(database_url: str) -> Connection:
     """An autocommit connection; connection failures become SourceUnavailable / SetupError."""
     try:
         return psycopg.connect(
@@ -45,12 +52,42 @@ def connect(database_url: str) -> psycopg.Connection[tuple[object, ...]]:
         raise connect_error(str(exc), None, "", "cannot connect to PostgreSQL") from None
 
 
+def scalar(conn: Connection, query: sql.SQL | sql.Composed | str, *params: object) -> object:
+    """The first column of the first row of ``query`` (None for no row)."""
+    statement = query.encode() if isinstance(query, str) else query
+    row = conn.execute(statement, params or None).fetchone()
+    return row[0] if row else None
+
+
+def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
+    """What ``pg_replication_slots`` says about ``slot_name`` (None: no such slot)."""
+    row = conn.execute(
+        "SELECT slot_type, plugin, database, active_pid, confirmed_flush_lsn::text, wal_status, "
+        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot_name,),
+    ).fetchone()
+    if row is None:
+        return None
+    kind, plugin, database, pid, confirmed, wal_status, retained = row
+    return SlotState(
+        name=slot_name,
+        kind=str(kind),
+        plugin=str(plugin),
+        database=str(database),
+        active_pid=int(str(pid)) if pid is not None else None,
+        confirmed_flush=parse_lsn(str(confirmed)) if confirmed is not None else None,
+        wal_status=str(wal_status) if wal_status is not None else None,
+        retained_wal=int(str(retained)) if retained is not None else None,
+    )
+
+
 class SourceDatabase:
-    """The checks and DDL the relay needs before it can stream."""
+    """The publication and the slot the relay streams: found, or created from ``sql/``."""
 
     def __init__(
         self,
-        conn: psycopg.Connection[tuple[object, ...]],
+        conn: Connection,
         tables: Sequence[OutboxTable],
         publication_name: str,
         slot_name: str,
@@ -62,119 +99,30 @@ class SourceDatabase:
         self._publication = publication_name
         self._slot = slot_name
 
-    def _scalar(self, query: sql.Composable | str, *params: object) -> object:
-        row = self._conn.execute(query, params or None).fetchone()  # type: ignore[arg-type]
-        return row[0] if row else None
-
-    def preflight(self) -> None:
-        """Server version, wal_level, REPLICATION privilege, the outbox tables and columns."""
-        version = int(str(self._scalar("SHOW server_version_num")))
-        if version < MIN_SERVER_VERSION:
-            raise SourceSetupError(
-                f"PostgreSQL {version // 10000} is too old: cdc-relay needs 14 or newer"
-            )
-        wal_level = self._scalar("SHOW wal_level")
-        if wal_level != "logical":
-            raise SourceSetupError(
-                f"wal_level is {wal_level!r}, logical replication needs 'logical': run "
-                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"
-            )
-        can_replicate = self._scalar(
-            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
-        )
-        if not can_replicate:
-            user = self._scalar("SELECT current_user")
-            raise SourceSetupError(
-                f"role {user!r} may not stream the WAL: run ALTER ROLE {user} WITH REPLICATION"
-            )
-        for table in self._tables:
-            missing = missing_columns(self._conn, table)
-            if missing is None:
-                raise SourceSetupError(
-                    f"outbox table {table.table} does not exist"
-                    f"{missing_table_hint(self._conn, table)}: create it with "
-                    "sql/001_outbox.sql (or set CDC_RELAY_OUTBOX_TABLE)"
-                )
-            if missing:
-                raise SourceSetupError(
-                    f"outbox table {table.table} lacks column(s) {', '.join(missing)} "
-                    "(see CDC_RELAY_OUTBOX_COLUMNS)"
-                )
-
     def ensure_publication(self) -> bool:
-        """Create the insert-only publication of the outbox tables if missing. True if created."""
-        names = ", ".join(t.sql_name for t in self._tables)
-        exists = self._scalar(
-            "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
+        """Create the insert-only publication of the outbox tables if missing. True if created.
+
+        Whether an existing one publishes what the relay needs is a prerequisite
+        (:meth:`cdc_relay.prerequisites.Prerequisites.publication_covers`), checked before."""
+        exists = scalar(
+            self._conn, "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
         )
         if exists is None:
-            statement = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')")
             try:
-                self._conn.execute(
-                    statement.format(
-                        sql.Identifier(self._publication),
-                        sql.SQL(", ").join(
-                            sql.Identifier(*t.schema_and_name) for t in self._tables
-                        ),
-                    )
-                )
+                self._conn.execute(publication_ddl(self._publication, self._tables, self._conn))
             except psycopg.errors.InsufficientPrivilege as exc:
+                statement = create_publication_statement(
+                    self._publication, self._tables, self._conn
+                )
                 raise SourceSetupError(
                     f"cannot create publication {self._publication}: {exc.diag.message_primary}. "
-                    f"Ask the table owner to run: CREATE PUBLICATION {self._publication} FOR TABLE "
-                    f"{names} WITH (publish = 'insert')"
+                    f"Ask the table owner to run: {statement}"
                 ) from None
             return True
-        if not exists:
-            raise SourceSetupError(f"publication {self._publication} does not publish inserts")
-        for table in self._tables:
-            schema, name = table.schema_and_name
-            covered = self._scalar(
-                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s "
-                "AND tablename = %s",
-                self._publication,
-                schema,
-                name,
-            )
-            if covered is None:
-                raise SourceSetupError(
-                    f"publication {self._publication} exists but does not include "
-                    f"{table.table}: run ALTER PUBLICATION {self._publication} ADD TABLE "
-                    f"{table.sql_name}"
-                )
-        return False
+        return False  # what it publishes: cdc_relay.prerequisites, checked before
 
     def slot(self) -> SlotState | None:
-        row = self._conn.execute(
-            "SELECT slot_name, plugin, database, active_pid, confirmed_flush_lsn::text "
-            "FROM pg_replication_slots WHERE slot_name = %s",
-            (self._slot,),
-        ).fetchone()
-        if row is None:
-            return None
-        name, plugin, database, pid, confirmed = row
-        return SlotState(
-            name=str(name),
-            plugin=str(plugin),
-            database=str(database),
-            active_pid=int(str(pid)) if pid is not None else None,
-            confirmed_flush=parse_lsn(str(confirmed)) if confirmed is not None else None,
-        )
-
-    def check_slot(self, slot: SlotState) -> None:
-        """The slot must be logical, pgoutput, in this database, and not held by someone else."""
-        here = self._scalar("SELECT current_database()")
-        if slot.plugin != self._plugin or slot.database != here:
-            raise SourceSetupError(
-                f"replication slot {slot.name!r} exists but is for plugin {slot.plugin!r} in "
-                f"database {slot.database!r}; this relay needs {self._plugin!r} in {here!r} "
-                "(CDC_RELAY_PLUGIN): drop the slot or choose another CDC_RELAY_SLOT_NAME"
-            )
-        if slot.active_pid is not None:
-            raise SlotInUse(
-                f"replication slot {slot.name!r} is in use by process {slot.active_pid}: another "
-                "relay may be running. Stop it, or give this relay its own CDC_RELAY_SLOT_NAME"
-            )
+        return slot_state(self._conn, self._slot)
 
     def create_slot(self) -> SlotState:
         try:
@@ -182,11 +130,7 @@ class SourceDatabase:
                 "SELECT pg_create_logical_replication_slot(%s, %s)", (self._slot, self._plugin)
             )
         except psycopg.errors.UndefinedFile:
-            raise SourceSetupError(
-                f"the output plugin {self._plugin!r} is not installed on the server: install it "
-                f"(Debian/Ubuntu: apt-get install postgresql-<major>-{self._plugin}) or use "
-                "CDC_RELAY_PLUGIN=pgoutput, which is built in"
-            ) from None
+            raise SourceSetupError(plugin_missing(self._plugin)) from None
         except psycopg.errors.DuplicateObject:
             pass  # created concurrently; the checks below decide whether it is usable
         except psycopg.errors.ConfigurationLimitExceeded as exc:
@@ -204,10 +148,20 @@ class SourceDatabase:
         return slot
 
     def current_wal_lsn(self) -> int:
-        return parse_lsn(str(self._scalar("SELECT pg_current_wal_lsn()::text")))
+        return parse_lsn(str(scalar(self._conn, "SELECT pg_current_wal_lsn()::text")))
 
 
-def retained_wal(conn: psycopg.Connection[tuple[object, ...]], slot_name: str) -> int | None:
+def plugin_missing(plugin: str, major: int | None = None) -> str:
+    """The output plugin is not installed on the server: what to do."""
+    version = str(major) if major is not None else "<major>"
+    return (
+        f"the output plugin {plugin!r} is not installed on the server: install it "
+        f"(Debian/Ubuntu: apt-get install postgresql-{version}-{plugin}) or use "
+        "CDC_RELAY_PLUGIN=pgoutput, which is built in"
+    )
+
+
+def retained_wal(conn: Connection, slot_name: str) -> int | None:
     """Bytes of WAL the slot keeps on the server (None if the slot is gone)."""
     try:
         row = conn.execute(
@@ -220,7 +174,7 @@ def retained_wal(conn: psycopg.Connection[tuple[object, ...]], slot_name: str) -
     return int(str(row[0])) if row and row[0] is not None else None
 
 
-def relation_oid(conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable) -> int | None:
+def relation_oid(conn: Connection, table: OutboxTable) -> int | None:
     """The oid of ``table``, its schema and name matched exactly as configured.
 
     Names in settings are identifiers taken literally (as pgoutput reports them and as the DDL
@@ -235,7 +189,7 @@ def relation_oid(conn: psycopg.Connection[tuple[object, ...]], table: OutboxTabl
     return int(str(row[0])) if row else None
 
 
-def missing_table_hint(conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable) -> str:
+def missing_table_hint(conn: Connection, table: OutboxTable) -> str:
     """For a table that does not exist: the one that differs only in case, if any."""
     schema, name = table.schema_and_name
     rows = conn.execute(
@@ -251,9 +205,7 @@ def missing_table_hint(conn: psycopg.Connection[tuple[object, ...]], table: Outb
     )
 
 
-def missing_columns(
-    conn: psycopg.Connection[tuple[object, ...]], table: OutboxTable
-) -> list[str] | None:
+def missing_columns(conn: Connection, table: OutboxTable) -> list[str] | None:
     """The mapped columns ``table`` lacks, or None when the table does not exist."""
     oid = relation_oid(conn, table)
     if oid is None:
@@ -272,7 +224,7 @@ def missing_columns(
 HEARTBEAT_PREFIX = "cdc_relay_heartbeat"
 
 
-def emit_heartbeat(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def emit_heartbeat(conn: Connection) -> None:
     """A little WAL of our own, so that keepalives move the confirmed position on databases whose
     other writes are invisible to the slot (e.g. managed services writing to other databases).
     Non-transactional and with its own prefix: never relayed."""

@@ -11,26 +11,22 @@ import select
 import time
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import errors, pq, sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_relay.database_url import connect_error, scrub
+from cdc_relay.database_url import PERMANENT_CONNECT_ERRORS, connect_error, is_error, scrub
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.replication.protocol import standby_status_update
 
 APPLICATION_NAME = "cdc-relay"
 
-# SQLSTATEs that mean "fix the setup", as opposed to "try again".
-_SETUP_SQLSTATES = {
-    "42704": "does not exist",  # undefined_object: slot or publication
-    "42501": "insufficient privilege",
-    "55000": "prerequisite missing",  # object_not_in_prerequisite_state, e.g. wal_level
-    "28000": "authentication/authorization",
-    "28P01": "authentication failed",
-    "3D000": "database does not exist",
-}
-_OBJECT_IN_USE = "55006"
+# What means "fix the setup", as opposed to "try again".
+_SETUP_ERRORS: tuple[type[psycopg.Error], ...] = (
+    *PERMANENT_CONNECT_ERRORS,
+    errors.UndefinedObject,  # the slot or the publication does not exist
+    errors.ObjectNotInPrerequisiteState,  # e.g. wal_level
+)
 
 
 def replication_conninfo(database_url: str) -> str:
@@ -167,7 +163,7 @@ class ReplicationStream:
             message = _text(result.get_error_message()) or message
             sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
         self.close()
-        if sqlstate in _SETUP_SQLSTATES:
+        if is_error(sqlstate, _SETUP_ERRORS):
             _raise_for_sqlstate(sqlstate, message, self._slot_name)
         raise SourceUnavailable(
             f"replication stream ended: {message or 'server closed the stream'}"
@@ -196,11 +192,11 @@ def _raise_for_connect(message: str, conninfo: str) -> None:
 
 
 def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
-    if sqlstate == _OBJECT_IN_USE:
+    if is_error(sqlstate, (errors.ObjectInUse,)):
         raise SlotInUse(
             f"{message}. Another process is streaming from slot {slot_name!r}: stop it, or give "
             "this relay its own slot with CDC_RELAY_SLOT_NAME"
         )
-    if sqlstate in _SETUP_SQLSTATES:
+    if is_error(sqlstate, _SETUP_ERRORS):
         raise SourceSetupError(f"START_REPLICATION failed: {message}")
     raise SourceUnavailable(f"START_REPLICATION failed: {message or 'connection lost'}")

@@ -12,8 +12,8 @@ import json
 import psycopg
 from psycopg import sql
 
-# table -> (id type, payload type, headers type); every payload type admin.PAYLOAD_TYPES accepts
-# and every id type admin.ID_TYPES accepts.
+# table -> (id type, payload type, headers type); every payload type
+# prerequisites.PAYLOAD_TYPES accepts and every id type prerequisites.ID_TYPES accepts.
 TABLES = {
     "t_jsonb": ("uuid", "jsonb", "json"),
     "t_json": ("text", "json", "json"),

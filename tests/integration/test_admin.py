@@ -119,7 +119,11 @@ def test_setup_will_not_recreate_a_lost_slot(database: str, env: dict[str, str])
     result = cdc_relay(env, "setup")
     assert result.returncode == 4, result.stdout
     last = result.stdout.splitlines()[-1]
-    assert last.startswith(f"FAIL replication slot {slot}: missing, but the relay recorded")
+    assert last.startswith(
+        f"FAIL replication slot {slot}: replication slot '{slot}' is missing, but the relay had "
+        "confirmed up to"
+    )
+    assert "No new slot is created over that gap" in last
     assert "CDC_RELAY_ALLOW_SLOT_RESET=true" in last
     assert (
         scalar(database, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", slot)
@@ -234,8 +238,8 @@ def test_check_fails_without_a_publication(database: str, env: dict[str, str]) -
     assert failed(result)["publication"] == (
         f"FAIL publication: {publication} does not exist: run python -m cdc_relay setup (the "
         "relay also creates it when it starts), or as the tables' owner: CREATE PUBLICATION "
-        f"{publication} FOR TABLE public.outbox WITH "
-        "(publish = 'insert')"
+        f'"{publication}" FOR TABLE "public"."outbox" WITH '
+        "(publish = 'insert');"
     )
 
 
@@ -253,6 +257,29 @@ def test_check_fails_for_a_publication_that_publishes_too_much(
     assert f"run ALTER PUBLICATION {publication} DROP TABLE public.other" in line
     assert "publishes update, delete, truncate" in line
     assert f"run ALTER PUBLICATION {publication} SET (publish = 'insert')" in line
+
+
+def test_relay_and_check_refuse_a_publication_lacking_the_outbox(
+    database: str, env: dict[str, str]
+) -> None:
+    create_outbox(database)
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute(
+            f"CREATE PUBLICATION {publication} FOR TABLE other WITH (publish = 'insert')".encode()
+        )
+    fix = f"it lacks public.outbox: run ALTER PUBLICATION {publication} ADD TABLE public.outbox"
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    assert fix in failed(result)["publication"]
+    # The relay's start runs the same check (the coverage part of it) and stops at it.
+    relay = RelayProcess(env).start()
+    try:
+        assert relay.wait(30) == 3
+        assert f"publication: {publication}: {fix}" in relay.logs()
+    finally:
+        relay.close()
 
 
 def test_check_fails_for_a_missing_column(database: str, env: dict[str, str]) -> None:
@@ -398,7 +425,7 @@ def test_relay_refuses_a_missing_table(database: str, env: dict[str, str]) -> No
     relay = RelayProcess(env).start()
     try:
         assert relay.wait(30) == 3
-        assert "outbox table public.outbox does not exist" in relay.logs()
+        assert "table public.outbox: does not exist" in relay.logs()
     finally:
         relay.close()
 
@@ -410,6 +437,6 @@ def test_relay_refuses_a_slot_held_by_another_process(database: str, env: dict[s
         relay = RelayProcess(env).start()
         try:
             assert relay.wait(30) == 3
-            assert f"replication slot '{slot}' is in use by process" in relay.logs()
+            assert f"slot: {slot} is in use by process" in relay.logs()
         finally:
             relay.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_relay import demo
+from cdc_relay.commands import demo
 
 pytestmark = pytest.mark.integration
 

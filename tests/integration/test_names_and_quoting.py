@@ -207,6 +207,6 @@ def test_a_name_that_differs_only_in_case_is_refused_with_a_hint(
     finally:
         relay.close()
     assert code == 3, relay.logs()
-    assert "outbox table public.LOWER_OB does not exist" in relay.logs()
+    assert "table public.LOWER_OB: does not exist" in relay.logs()
     assert "did you mean public.lower_ob?" in relay.logs()
     assert "Traceback" not in relay.logs()

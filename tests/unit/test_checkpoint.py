@@ -82,7 +82,8 @@ def test_missing_slot_with_a_record_refuses_to_start() -> None:
     assert repr(SLOT) in message
     assert "missing" in message
     assert "2/B0" in message
-    assert "Refusing to start" in message
+    assert "the relay refuses to start" in message
+    assert "No new slot is created" in message  # read by setup and check as well
     assert info.value.exit_code == 4
 
 

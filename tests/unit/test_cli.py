@@ -347,10 +347,11 @@ def test_long_running_commands_dump_stacks_on_sigusr1(
     calls: list[str] = []
     monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
     monkeypatch.setattr(cli, "run", lambda _settings: 0)
-    monkeypatch.setattr(cli, "sweep", lambda _settings, once, wait: 0)
-    import cdc_relay.demo  # noqa: PLC0415 - only to replace its entry point
+    import cdc_relay.commands.demo  # noqa: PLC0415 - only to replace its entry points
+    import cdc_relay.commands.sweep  # noqa: PLC0415
 
-    monkeypatch.setattr(cdc_relay.demo, "main", lambda _args: 0)
+    monkeypatch.setattr(cdc_relay.commands.sweep, "sweep", lambda _settings, once, wait: 0)
+    monkeypatch.setattr(cdc_relay.commands.demo, "main", lambda _args: 0)
     assert main(argv) == 0
     assert calls == ["registered"], target
 
@@ -362,9 +363,9 @@ def test_short_commands_leave_sigusr1_alone(
     calls: list[str] = []
     monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
     monkeypatch.setattr(cli, "maintenance", lambda _args, _settings: 0)
-    import cdc_relay.status  # noqa: PLC0415 - only to replace its entry point
+    import cdc_relay.commands.status  # noqa: PLC0415 - only to replace its entry point
 
-    monkeypatch.setattr(cdc_relay.status, "main", lambda _settings, _host: 0)
+    monkeypatch.setattr(cdc_relay.commands.status, "main", lambda _settings, _host: 0)
     assert main(argv) == 0
     assert calls == []
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from cdc_relay.ddl import STATE_SQL, emit_function_ddl, packaged_sql, state_table_ddl
+from cdc_relay.config import OutboxTable
+from cdc_relay.ddl import (
+    STATE_SQL,
+    create_publication_statement,
+    emit_function_ddl,
+    packaged_sql,
+    publication_ddl,
+    state_table_ddl,
+)
 
 
 def test_the_default_state_schema_renders_the_file_unchanged() -> None:
@@ -29,3 +37,37 @@ def test_the_emit_function_body_is_one_literal_holding_the_prefix_literal() -> N
     # literal inside the function, once more as part of the function's body literal).
     inner = sql.Literal(prefix).as_string(None)
     assert inner.replace("'", "''") in body
+
+
+OUTBOX = (OutboxTable(table="public.outbox"),)
+
+
+def test_the_default_publication_renders_the_files_statements() -> None:
+    rendered = publication_ddl("cdc_relay_outbox", OUTBOX, None).as_string(None)
+    assert rendered.startswith("DO '")
+    assert rendered.endswith("';")
+    body = rendered[len("DO '") : -len("';")].replace("''", "'")
+    assert "WHERE pubname = 'cdc_relay_outbox') THEN" in body
+    assert (
+        'CREATE PUBLICATION "cdc_relay_outbox" FOR TABLE "public"."outbox" '
+        "WITH (publish = 'insert');" in body
+    )
+    assert "IF NOT EXISTS" in packaged_sql("003_publication.sql")
+    assert "IF NOT EXISTS" in body
+
+
+def test_a_hostile_publication_name_stays_inside_its_quotes() -> None:
+    name = "x$$;DROP/**/TABLE/**/outbox;--'\""
+    tables = (OutboxTable(table="public.outbox"), OutboxTable(table="s.MyTable"))
+    rendered = publication_ddl(name, tables, None).as_string(None)
+    # One literal: the block's body can be ended by nothing a name contains.
+    assert rendered.startswith("DO '")
+    assert rendered.endswith("';")
+    body = rendered[len("DO '") : -len("';")]
+    assert "'" not in body.replace("''", "")
+    statement = create_publication_statement(name, tables, None)
+    assert statement == (
+        f"CREATE PUBLICATION {sql.Identifier(name).as_string(None)} FOR TABLE "
+        '"public"."outbox", "s"."MyTable" WITH (publish = \'insert\');'
+    )
+    assert statement.replace("'", "''") in body

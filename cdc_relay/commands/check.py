@@ -1,0 +1,146 @@
+"""``python -m cdc_relay check``: the preflight an operator runs before (or next to) the relay.
+
+One line per check, ``ok   <check>: <detail>`` or ``FAIL <check>: <what to do>``; the exit code is
+non-zero when any check failed. It changes nothing (the wal2json probe creates a temporary slot and
+drops it). The database checks are the relay's own (:mod:`cdc_relay.prerequisites`), all of them
+reported rather than stopping at the first; the broker and topic checks are this command's.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from cdc_relay.config import MissingTopics, Settings, redact_url
+from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
+from cdc_relay.publisher import admin_config
+from cdc_relay.replication.source import Connection, connect, scalar
+
+Output = Callable[[str], None]
+
+EXIT_CHECK_FAILED = 1
+BROKER_TIMEOUT = 5.0
+
+
+def check(settings: Settings, out: Output = print) -> int:
+    """Run every check, print one line each; 0 when all passed."""
+    lines = run_checks(settings, lambda line: out(str(line)))
+    return 0 if all(line.ok for line in lines) else EXIT_CHECK_FAILED
+
+
+def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[CheckResult]:
+    lines: list[CheckResult] = []
+
+    def run(name: str, probe: Callable[[], str | None]) -> None:
+        line = outcome(name, probe)
+        if line is not None:  # None: not applicable
+            lines.append(line)
+            emit(line)
+
+    url = settings.database_url.get_secret_value()
+    connected: list[Connection] = []
+
+    def connection() -> str:
+        connected.append(connect(url))
+        user = scalar(connected[0], "SELECT current_user")
+        return f"{redact_url(url)} as {user}"
+
+    run("connection", connection)
+    if connected:
+        with connected[0] as conn:
+            checks = Prerequisites(conn, settings)
+            run("server version", checks.server_version)
+            run("wal_level", checks.wal_level)
+            run("replication slots", checks.replication_slots)
+            run("wal senders", checks.wal_senders)
+            run("privileges", checks.privileges)
+            for table in settings.tables():
+                run(f"table {table.table}", partial(checks.table, table))
+            run("state table", checks.state_table)
+            run("publication", checks.publication)
+            run("slot", checks.slot)
+            run("wal2json", checks.wal2json)
+    metadata: list[Any] = []
+    run("broker", lambda: _broker(settings, metadata))
+    if metadata:
+        run("topics", lambda: _topics(settings, metadata[0]))
+    return lines
+
+
+def _broker(settings: Settings, metadata: list[Any]) -> str:
+    from confluent_kafka import KafkaException  # noqa: PLC0415 - only this command needs Kafka
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+    errors: list[Any] = []
+    config: dict[str, Any] = admin_config(settings.producer_config())
+    config["log_level"] = 0  # errors are collected and reported in one line instead
+    config["error_cb"] = errors.append
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        admin = AdminClient(config)
+    except KafkaException as exc:
+        raise Unmet(
+            f"invalid Kafka client configuration: {_kafka_reason(exc.args[0] if exc.args else exc)}"
+        ) from None
+    try:
+        found = admin.list_topics(timeout=BROKER_TIMEOUT)
+    except KafkaException as exc:
+        detail = _kafka_reason(exc.args[0] if exc.args else exc)
+        admin.poll(0)  # serves error_cb: the reason, e.g. "Connection refused"
+        reasons = [_kafka_reason(e) for e in errors if "brokers are down" not in str(e)]
+        if reasons:
+            detail = reasons[0]
+        raise Unmet(
+            f"cannot reach Kafka at {bootstrap} within {BROKER_TIMEOUT:g}s: {detail}. Check "
+            "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS and the security properties in "
+            "CDC_RELAY_KAFKA_PRODUCER_CONFIG"
+        ) from None
+    metadata.append(found)
+    cluster = f", cluster {found.cluster_id}" if found.cluster_id else ""
+    return f"{len(found.brokers)} broker(s) at {bootstrap}{cluster}"
+
+
+def _topics(settings: Settings, metadata: Any) -> str:
+    topics: dict[str, Any] = metadata.topics
+    wanted = [("dead-letter topic", settings.dead_letter_topic)]
+    templates = {settings.topic_template} | {
+        t.topic_template for t in settings.tables() if t.topic_template
+    }
+    for template in sorted(templates):
+        if not any(name for _, name, _, _ in string.Formatter().parse(template)):
+            wanted.append(("topic", template))  # a fixed topic name, no per-row fields
+    allowlist = settings.topic_allowlist
+    refused = [
+        topic
+        for role, topic in wanted
+        if role == "topic" and allowlist is not None and not re.fullmatch(allowlist, topic)
+    ]
+    if refused:
+        raise Unmet(
+            f"topic {', '.join(refused)} does not match CDC_RELAY_TOPIC_ALLOWLIST: every event "
+            "would be refused; fix the template or the allow-list"
+        )
+    present: list[str] = []
+    absent: list[str] = []
+    for role, topic in wanted:
+        info = topics.get(topic)
+        if info is not None and info.error is None:
+            present.append(f"{role} {topic} exists ({len(info.partitions)} partitions)")
+        else:
+            absent.append(f"{role} {topic}")
+    if absent and settings.missing_topics is MissingTopics.FAIL:
+        raise Unmet(
+            f"{', '.join(absent)} does not exist and CDC_RELAY_MISSING_TOPICS=fail: create it "
+            "(kafka-topics.sh --create --topic <name>), or let the relay create topics with "
+            "CDC_RELAY_MISSING_TOPICS=create"
+        )
+    later = [f"{name} is created when first needed" for name in absent]
+    return "; ".join(present + later)
+
+
+def _kafka_reason(error: Any) -> str:
+    text = error.str() if hasattr(error, "str") else str(error)
+    return str(text)

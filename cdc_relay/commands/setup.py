@@ -1,0 +1,146 @@
+"""``python -m cdc_relay setup [--create-outbox]``: create, idempotently, what the relay needs.
+
+The outbox table (on request), the relay's state table, the ``outbox_emit`` SQL helper, the
+publication and the slot — each from its file in ``sql/`` (see :mod:`cdc_relay.ddl`) — with one
+line per item (``created …`` / ``exists …``). It checks what the relay's start checks first
+(:func:`cdc_relay.prerequisites.require`), and never creates a slot over one the relay has lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot
+from cdc_relay.config import OutboxColumns, OutboxTable, Settings
+from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
+from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
+from cdc_relay.lsn import format_lsn
+from cdc_relay.prerequisites import Prerequisites, Unmet, require
+from cdc_relay.replication.source import (
+    Connection,
+    SourceDatabase,
+    connect,
+    relation_oid,
+    scalar,
+)
+
+Output = Callable[[str], None]
+
+DEFAULT_OUTBOX_TABLE = "public.outbox"
+EMIT_SIGNATURE = "outbox_emit(text, text, text, jsonb, jsonb)"
+
+
+class _SetupFailed(Exception):
+    """Ends setup: ``line`` is printed after ``FAIL``, ``exit_code`` returned."""
+
+    def __init__(self, line: str, exit_code: int) -> None:
+        super().__init__(line)
+        self.line = line
+        self.exit_code = exit_code
+
+
+def setup(settings: Settings, create_outbox: bool = False, out: Output = print) -> int:
+    """Create what is missing; one line per item. Returns the exit code."""
+    try:
+        if create_outbox and not _default_outbox(settings):
+            raise _SetupFailed(
+                f"table: --create-outbox creates {DEFAULT_OUTBOX_TABLE} as in sql/{OUTBOX_SQL}, "
+                "for the default single-table configuration only; create "
+                f"{', '.join(t.table for t in settings.tables())} yourself and run setup "
+                "without it",
+                2,
+            )
+        with connect(settings.database_url.get_secret_value()) as conn:
+            _Setup(conn, settings, out).run(create_outbox)
+    except _SetupFailed as exc:
+        out(f"FAIL {exc.line}")
+        return exc.exit_code
+    except RelayError as exc:
+        out(f"FAIL {exc}")
+        return exc.exit_code
+    return 0
+
+
+class _Setup:
+    def __init__(self, conn: Connection, settings: Settings, out: Output) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.out = out
+        self.store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        self.source = SourceDatabase(
+            conn,
+            settings.tables(),
+            settings.publication_name,
+            settings.slot_name,
+            settings.plugin.value,
+        )
+
+    def report(self, created: bool, item: str) -> None:
+        self.out(f"{'created' if created else 'exists':<7} {item}")
+
+    def run(self, create_outbox: bool) -> None:
+        conn, settings = self.conn, self.settings
+        if create_outbox:
+            exists = relation_oid(conn, OutboxTable(table=DEFAULT_OUTBOX_TABLE)) is not None
+            if not exists:
+                conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
+            self.report(not exists, f"table {DEFAULT_OUTBOX_TABLE}")
+
+        try:
+            created = self.store.ensure_table()
+        except SourceSetupError as exc:
+            raise _SetupFailed(f"state table: {exc}", exc.exit_code) from None
+        self.report(created, f"state table {self.store.inspect().name}")
+
+        exists = scalar(conn, "SELECT to_regprocedure(%s) IS NOT NULL", EMIT_SIGNATURE) is True
+        if not exists:
+            conn.execute(emit_function_ddl(settings.message_prefix, conn))
+        prefix = settings.message_prefix
+        self.report(not exists, f"function {EMIT_SIGNATURE} (message prefix {prefix!r})")
+
+        try:
+            require(conn, settings)
+        except SourceSetupError as exc:
+            raise _SetupFailed(f"prerequisites: {exc}", exc.exit_code) from None
+        try:
+            created = self.source.ensure_publication()
+        except SourceSetupError as exc:
+            raise _SetupFailed(
+                f"publication {settings.publication_name}: {exc}", exc.exit_code
+            ) from None
+        tables = ", ".join(t.table for t in settings.tables())
+        self.report(created, f"publication {settings.publication_name} ({tables}; inserts)")
+        self.slot()
+
+    def slot(self) -> None:
+        settings = self.settings
+        name = settings.slot_name
+        slot = self.source.slot()
+        if slot is None:
+            try:
+                check_missing_slot(name, self.store.load(), allow_reset=False)
+            except PositionMismatch as exc:
+                raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
+            try:
+                slot = self.source.create_slot()
+            except SourceSetupError as exc:
+                raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
+            start = slot.confirmed_flush or 0
+            # As the relay does after creating its slot: from now on a lost slot is detected.
+            self.store.save(start, new_slot=True)
+            self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
+            return
+        try:
+            Prerequisites(self.conn, settings).slot_kind(slot)
+        except Unmet as exc:
+            raise _SetupFailed(f"replication slot {name}: {exc.fix}", exc.error.exit_code) from None
+        confirmed = format_lsn(slot.confirmed_flush or 0)
+        self.report(False, f"replication slot {name} ({slot.plugin}) at {confirmed}")
+
+
+def _default_outbox(settings: Settings) -> bool:
+    return (
+        not settings.outbox_tables
+        and settings.outbox_table == DEFAULT_OUTBOX_TABLE
+        and settings.outbox_columns == OutboxColumns()
+    )
