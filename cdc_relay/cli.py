@@ -28,7 +28,6 @@ from typing import Any
 from cdc_relay import __version__
 from cdc_relay.config import (
     Settings,
-    check_producer_config,
     env_name,
     is_secret_property,
     load_settings,
@@ -230,10 +229,11 @@ def maintenance(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
+    from cdc_relay.publisher import check_producer_config  # noqa: PLC0415 - late, as Relay
     from cdc_relay.relay import Relay  # noqa: PLC0415 - late: --help and --version stay fast
 
     try:
-        check_producer_config(settings)
+        check_producer_config(settings.producer_config())
     except ConfigError as exc:
         log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
         return exc.exit_code

@@ -7,7 +7,6 @@ environment variable and never echoes the offending value (it may be a secret).
 
 from __future__ import annotations
 
-import logging
 import re
 import string
 from enum import StrEnum
@@ -40,9 +39,6 @@ _SECRET_KEY_FRAGMENTS = ("password", "secret", "jaas", "oauthbearer.config", ".p
 
 # Used with .match(); \Z rather than $, which also matches before a trailing newline.
 LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
-_SILENT = logging.getLogger("cdc_relay.config.producer_check")
-_SILENT.addHandler(logging.NullHandler())
-_SILENT.propagate = False
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")  # needs no quotes in SQL (keywords aside)
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -566,30 +562,6 @@ def is_secret_property(key: str) -> bool:
 
 def redact_properties(props: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if is_secret_property(k) else v) for k, v in props.items()}
-
-
-def check_producer_config(settings: Settings) -> None:
-    """librdkafka's own verdict on the producer properties: ConfigError naming the setting.
-
-    A Producer built and dropped at once is the only complete check: librdkafka knows hundreds
-    of properties, their types and their ranges. Built without bootstrap servers, it connects
-    nowhere; its log lines (about that) go nowhere.
-    """
-    from confluent_kafka import KafkaException, Producer  # noqa: PLC0415 - heavy, only for run
-
-    config = settings.producer_config()
-    probe: dict[str, Any] = {k: v for k, v in config.items() if k != "bootstrap.servers"}
-    probe["logger"] = _SILENT
-    try:
-        Producer(probe)
-    except (KafkaException, ValueError, TypeError) as exc:
-        message = str(exc.args[0].str() if isinstance(exc, KafkaException) else exc)
-        for key, value in config.items():
-            if is_secret_property(key) and value:
-                message = message.replace(value, "***")
-        raise ConfigError(
-            f"invalid configuration: {env_name('kafka_producer_config')}: {message}"
-        ) from None
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -17,7 +17,6 @@ from cdc_relay.config import (
     LogFormat,
     PoisonPolicy,
     Settings,
-    check_producer_config,
     env_name,
     is_secret_property,
     load_settings,
@@ -28,6 +27,7 @@ from cdc_relay.config import (
 )
 from cdc_relay.database_url import connect_failure_kind, has_password
 from cdc_relay.errors import ConfigError, RelayError
+from cdc_relay.publisher import check_producer_config
 
 DB_PASSWORD = "hunter2-db-Pw"
 SASL_PASSWORD = "s3cret-sasl-Pw"
@@ -828,7 +828,7 @@ def test_librdkafka_refuses_bad_properties_as_a_config_error(
 ) -> None:
     settings = load_settings(**REQUIRED, kafka_producer_config=props)
     with pytest.raises(ConfigError) as info:
-        check_producer_config(settings)
+        check_producer_config(settings.producer_config())
     message = str(info.value)
     assert message.startswith("invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG: ")
     assert named in message
@@ -841,13 +841,15 @@ def test_librdkafka_errors_never_echo_secret_values() -> None:
         kafka_producer_config={"security.protocol": "SSL", "ssl.key.pem": SASL_PASSWORD},
     )
     with pytest.raises(ConfigError) as info:
-        check_producer_config(settings)
+        check_producer_config(settings.producer_config())
     assert_no_secret(str(info.value))
 
 
 def test_good_properties_pass_librdkafka() -> None:
     check_producer_config(
-        load_settings(**REQUIRED, kafka_producer_config={"linger.ms": "10", "acks": "all"})
+        load_settings(
+            **REQUIRED, kafka_producer_config={"linger.ms": "10", "acks": "all"}
+        ).producer_config()
     )
 
 
