@@ -292,6 +292,19 @@ class Settings(BaseSettings):
     reconnect_max_backoff: float = Field(
         30.0, gt=0, description="Upper bound of the reconnect backoff, seconds."
     )
+    leader_lease_timeout: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds a leader's lease lasts without renewal: a standby takes over from a hung "
+            "leader (stopped, or cut off with its connections open) this long after its last "
+            "renewal. At least twice the renew interval."
+        ),
+    )
+    leader_renew_interval: float = Field(
+        2.0, gt=0, description="Seconds between the leader's renewals of its lease."
+    )
     producer_queue_max_messages: int = Field(
         20_000, ge=1, description="Records in flight to Kafka before reading pauses."
     )
@@ -353,6 +366,15 @@ class Settings(BaseSettings):
             "refuses records for further new topics, per process; 0: it creates none."
         ),
     )
+
+    @model_validator(mode="after")
+    def _lease(self) -> Settings:
+        if self.leader_lease_timeout < 2 * self.leader_renew_interval:
+            raise ValueError(
+                f"{env_name('leader_lease_timeout')} must be at least twice "
+                f"{env_name('leader_renew_interval')}: one late renewal must not lose the lease"
+            )
+        return self
 
     @field_validator("topic_allowlist")
     @classmethod

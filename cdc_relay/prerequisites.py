@@ -295,21 +295,25 @@ class Prerequisites:
     def state_table(self) -> str:
         # Exactly what the relay's start does (PostgresCheckpointStore.ensure_table): no DDL when
         # the table is complete, the file's DDL when not, which only some roles may run.
-        state = self._store().inspect()
-        if state.exists and not state.missing_columns:
-            if state.lacking_privileges:
-                raise Unmet(state.grant_hint(self.user))
+        states = self._store().inspect_all()
+        incomplete = [s for s in states if not s.exists or s.missing_columns]
+        if not incomplete:
+            for state in states:
+                if state.lacking_privileges:
+                    raise Unmet(state.grant_hint(self.user))
             recorded = self._recorded()
             where = f"recorded position {format_lsn(recorded)}" if recorded else "no record yet"
-            return f"{state.name}, {where}"
-        if not state.may_create:
-            raise Unmet(state.create_hint(self.user))
-        what = (
-            "lacks column(s) " + ", ".join(state.missing_columns)
-            if state.exists
-            else ("does not exist yet")
+            return f"{', '.join(s.name for s in states)}, {where}"
+        for state in incomplete:
+            if not state.may_create:
+                raise Unmet(state.create_hint(self.user))
+        what = "; ".join(
+            f"{s.name} lacks column(s) {', '.join(s.missing_columns)}"
+            if s.exists
+            else f"{s.name} does not exist yet"
+            for s in incomplete
         )
-        return f"{state.name} {what}; setup or the relay's first start creates it"
+        return f"{what}; setup or the relay's first start creates it"
 
     def _store(self) -> PostgresCheckpointStore:
         return PostgresCheckpointStore(

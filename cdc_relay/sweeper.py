@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -251,8 +251,9 @@ class Sweeper:
                 total.errors.update(result.errors)
             return total
 
-    def run(self, stop: threading.Event) -> None:
-        """Sweep every ``sweep_interval`` seconds until ``stop`` is set; never raises."""
+    def run(self, stop: threading.Event, may_sweep: Callable[[], bool] | None = None) -> None:
+        """Sweep every ``sweep_interval`` seconds until ``stop`` is set; never raises. With
+        ``may_sweep``, a pass runs only while it says so (the relay: while it leads)."""
         interval = self.settings.sweep_interval
         if interval <= 0:
             return
@@ -261,6 +262,9 @@ class Sweeper:
         try:
             while not stop.is_set():
                 delay = interval
+                if may_sweep is not None and not may_sweep():
+                    stop.wait(min(interval, 1.0))
+                    continue
                 try:
                     result = self.sweep_once()
                 except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
