@@ -34,6 +34,7 @@ STATE_COLUMNS = {
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state tables' DDL
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
 
@@ -162,7 +163,13 @@ class PostgresCheckpointStore:
             if not candidate.may_create:
                 raise SourceSetupError(candidate.create_hint(self._user()))
         try:
-            self._conn.execute(state_table_ddl(self._schema))
+            # Relays starting together would race on CREATE ... IF NOT EXISTS: one at a time
+            # (the file is idempotent, so the later ones find everything there).
+            with self._conn.transaction():
+                self._conn.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DDL_LOCK_CLASS, STATE_SQL)
+                )
+                self._conn.execute(state_table_ddl(self._schema))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SourceSetupError(
                 f"cannot create the relay's state table {state.name}: "

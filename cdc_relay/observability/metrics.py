@@ -195,7 +195,7 @@ class RelayMetrics:
             "cdc_relay.role",
             "1 while this relay leads (streams), 0 while it stands by",
             lambda: int(stats.leader),
-            "1",
+            "{role}",
         )
         gauge(
             "cdc_relay.events.in_flight",
