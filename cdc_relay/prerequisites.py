@@ -23,7 +23,12 @@ from functools import partial
 import psycopg
 from psycopg import sql
 
-from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
+from cdc_relay.checkpoint import (
+    LEASE_TABLE,
+    PostgresCheckpointStore,
+    check_missing_slot,
+    resolve_start,
+)
 from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
@@ -319,6 +324,38 @@ class Prerequisites:
         return PostgresCheckpointStore(
             self.conn, self.settings.state_schema, self.settings.slot_name
         )
+
+    def leadership(self) -> str:
+        """Who leads the slot now, and whether this role could take over from it if it hung:
+        that ends the leader's backends (pg_terminate_backend), allowed for backends of a role
+        whose privileges this one has, or with pg_signal_backend; a superuser's only to one."""
+        lease = sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+        try:
+            row = self.conn.execute(
+                sql.SQL(
+                    "SELECT l.holder, l.expires_at > now(), r.rolname, "
+                    "r.oid IS NULL OR ((NOT r.rolsuper OR me.rolsuper) AND "
+                    "(pg_has_role(r.oid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))) "
+                    "FROM {} l JOIN pg_roles me ON me.rolname = current_user "
+                    "LEFT JOIN pg_stat_activity a ON a.pid = l.lock_pid "
+                    "LEFT JOIN pg_roles r ON r.oid = a.usesysid WHERE l.slot_name = %s"
+                ).format(lease),
+                (self.settings.slot_name,),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            return "no relay has led this slot yet (the state table above says why)"
+        if row is None:
+            return "no relay has led this slot yet; the first to start leads, others stand by"
+        holder, valid, role, may_end = row
+        state = "leads" if valid else "held the lease, expired"
+        if not may_end:
+            raise Unmet(
+                f"relay {holder} {state} as role {role}, whose connections {self.user} may not "
+                "end: it could not take over if that relay hung. Run every relay of a slot as "
+                f"one role, or GRANT pg_signal_backend TO {self.user}"
+            )
+        who = f" as role {role}" if role else ""
+        return f"relay {holder} {state}{who}; {self.user} may take over from it"
 
     def _recorded(self) -> int | None:
         try:
