@@ -621,9 +621,12 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
             reason = "is required" if error["type"] == "missing" else error["msg"]
-            problems.append(f"{env_name(field)}: {reason.removeprefix('Value error, ')}")
+            reason = reason.removeprefix("Value error, ")
+            if error["loc"]:
+                problems.append(f"{env_name(str(error['loc'][0]))}: {reason}")
+            else:  # a rule between settings: its message names them
+                problems.append(reason)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except SettingsError as exc:
         # Raised when a complex value (a JSON object) cannot be parsed at all.
