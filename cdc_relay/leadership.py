@@ -77,6 +77,7 @@ class Leadership:
         self._timeout = settings.leader_lease_timeout
         self._conn: Connection | None = None
         self._leading = False
+        self._failing = False  # the last look at the database failed
         self._renewed_at = 0.0  # monotonic time taken before the last successful renewal
         self._resign = threading.Event()
         self._stop = threading.Event()
@@ -151,10 +152,13 @@ class Leadership:
                         extra={"fields": {"error": str(exc).strip()}},
                     )
                 else:
-                    log.warning(
+                    # Once per outage, not every second of it.
+                    log.log(
+                        logging.DEBUG if self._failing else logging.WARNING,
                         "cannot compete for leadership, retrying",
                         extra={"fields": {"error": str(exc).strip()}},
                     )
+                self._failing = True
                 self._close()
                 wait = 1.0
             except Exception:  # a bug must not leave a leader without renewals unnoticed
@@ -162,6 +166,8 @@ class Leadership:
                 self._close()
                 log.exception("unexpected error in the leadership thread")
                 wait = 1.0
+            else:
+                self._failing = False
             self._stop.wait(wait)
 
     def _connection(self) -> Connection:

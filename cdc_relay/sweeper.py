@@ -19,6 +19,11 @@ new fence, which the relay has to confirm past first (the fence is the WAL's end
 the record), so a sweeper that starts while the relay is down deletes nothing. The publication
 publishes inserts only, so the deletes never reach the relay (nor Kafka).
 
+Several sweepers at once are harmless, each deleting only what the record covers: the relay runs
+its own only while it leads (:mod:`cdc_relay.leadership`), but a ``sweep`` command beside it, or a
+stale leader's sweeper for the moment before it notices, may sweep too. The record is written only
+by the lease holder, and only ever with positions Kafka acknowledged.
+
 Two guards: a table is swept only while the relay's publication publishes its inserts (rows of a
 table the relay does not stream are never "published", whatever the recorded position says), and
 only when its id column has a unique index (the delete names rows by id).
