@@ -19,12 +19,22 @@ from psycopg import sql
 
 from cdc_relay.config import sql_name
 from cdc_relay.ddl import ROLE_SQL, STATE_SQL, state_table_ddl
-from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
+from cdc_relay.errors import (
+    LeadershipLost,
+    PositionMismatch,
+    SourceSetupError,
+    SourceUnavailable,
+)
 from cdc_relay.lsn import format_lsn, parse_lsn
 
 STATE_TABLE = "slot_position"
-STATE_COLUMNS = ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid")
+LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
+STATE_COLUMNS = {
+    STATE_TABLE: ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid"),
+    LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
+}
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
+DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state tables' DDL
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
 
@@ -68,7 +78,7 @@ class StateTable:
 
     @property
     def sql_name(self) -> str:
-        return sql_name(self.schema, STATE_TABLE)
+        return sql_name(self.schema, self.name.rsplit(".", 1)[1])
 
 
 class CheckpointStore(Protocol):
@@ -83,15 +93,22 @@ class PostgresCheckpointStore:
     """One row per slot in ``<state_schema>.slot_position`` of the source database."""
 
     def __init__(
-        self, conn: psycopg.Connection[tuple[object, ...]], schema: str, slot_name: str
+        self,
+        conn: psycopg.Connection[tuple[object, ...]],
+        schema: str,
+        slot_name: str,
+        holder: str | None = None,
     ) -> None:
         self._conn = conn
         self._table = sql.Identifier(schema, STATE_TABLE)
+        self._lease = sql.Identifier(schema, LEASE_TABLE)
         self._schema = schema
         self._slot = slot_name
+        # The relay's leadership id: every write is then fenced by the lease (see save()).
+        self._holder = holder
 
-    def inspect(self) -> StateTable:
-        """What the catalogs say about the state table, for this role; reads, never writes."""
+    def inspect(self, table: str = STATE_TABLE) -> StateTable:
+        """What the catalogs say about a state table, for this role; reads, never writes."""
         row = self._conn.execute(
             "SELECT n.oid IS NOT NULL, c.oid IS NOT NULL, "
             "n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'USAGE'), "
@@ -105,7 +122,7 @@ class PostgresCheckpointStore:
             "FROM (SELECT 1) one "
             "LEFT JOIN pg_namespace n ON n.nspname = %s "
             "LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = %s",
-            (list(STATE_PRIVILEGES), self._schema, STATE_TABLE),
+            (list(STATE_PRIVILEGES), self._schema, table),
         ).fetchone()
         assert row is not None
         schema_exists, exists, usage, schema_create, owner, db_create, columns, lacking = row
@@ -119,26 +136,40 @@ class PostgresCheckpointStore:
             db_create and (not schema_exists or schema_create) and (not exists or owner)
         )
         return StateTable(
-            name=f"{self._schema}.{STATE_TABLE}",
+            name=f"{self._schema}.{table}",
             exists=bool(exists),
-            missing_columns=tuple(c for c in STATE_COLUMNS if exists and c not in present),
+            missing_columns=tuple(c for c in STATE_COLUMNS[table] if exists and c not in present),
             lacking_privileges=tuple(str(p) for p in lacking_privileges),
             may_create=may_create,
         )
 
+    def inspect_all(self) -> tuple[StateTable, ...]:
+        """Both state tables: the position record and the leader lease."""
+        return tuple(self.inspect(table) for table in STATE_COLUMNS)
+
     def ensure_table(self) -> bool:
-        """Create (or complete) the state table when it is not usable as it is; True if it ran
-        the DDL. No DDL at all when the table is complete: a role granted only SELECT, INSERT
-        and UPDATE on it (and USAGE on its schema) runs the relay."""
-        state = self.inspect()
-        if state.exists and not state.missing_columns:
-            if state.lacking_privileges:
-                raise SourceSetupError(state.grant_hint(self._user()))
+        """Create (or complete) the state tables when they are not usable as they are; True if
+        it ran the DDL. No DDL at all when both are complete: a role granted only SELECT, INSERT
+        and UPDATE on them (and USAGE on their schema) runs the relay."""
+        states = self.inspect_all()
+        incomplete = [s for s in states if not s.exists or s.missing_columns]
+        if not incomplete:
+            for state in states:
+                if state.lacking_privileges:
+                    raise SourceSetupError(state.grant_hint(self._user()))
             return False
-        if not state.may_create:
-            raise SourceSetupError(state.create_hint(self._user()))
+        state = incomplete[0]
+        for candidate in incomplete:
+            if not candidate.may_create:
+                raise SourceSetupError(candidate.create_hint(self._user()))
         try:
-            self._conn.execute(state_table_ddl(self._schema))
+            # Relays starting together would race on CREATE ... IF NOT EXISTS: one at a time
+            # (the file is idempotent, so the later ones find everything there).
+            with self._conn.transaction():
+                self._conn.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DDL_LOCK_CLASS, STATE_SQL)
+                )
+                self._conn.execute(state_table_ddl(self._schema))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SourceSetupError(
                 f"cannot create the relay's state table {state.name}: "
@@ -159,15 +190,37 @@ class PostgresCheckpointStore:
 
     def save(self, lsn: int, new_slot: bool = False) -> None:
         """Record ``lsn``. With ``new_slot`` (the slot was just created) the sweep boundary is
-        set afresh; otherwise it is set only when missing."""
-        query = sql.SQL(
-            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
-            "VALUES (%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())) "
+        set afresh; otherwise it is set only when missing.
+
+        With a ``holder`` (the relay), the write happens only while the lease row names this
+        holder, in the same statement: the lease row is locked (``FOR UPDATE``), so a takeover
+        that rewrites the lease either commits first — this write then finds another holder,
+        writes nothing and raises LeadershipLost — or waits until this write has committed, and
+        the new leader reads the position afterwards. A stale leader cannot write a record.
+        """
+        values = "%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())"
+        upsert = (
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
             "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
             "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END"
-        ).format(self._table)
-        self._run(query, (self._slot, format_lsn(lsn), new_slot))
+        )
+        if self._holder is None:
+            query = sql.SQL(
+                "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
+                f"VALUES ({values}) {upsert}"
+            ).format(self._table)
+            self._run(query, (self._slot, format_lsn(lsn), new_slot))
+            return
+        query = sql.SQL(
+            "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
+            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
+            f"SELECT {values} FROM lease {upsert}"
+        ).format(self._lease, self._table)
+        cursor = self._run(query, (self._slot, self._holder, self._slot, format_lsn(lsn), new_slot))
+        if cursor.rowcount != 1:
+            raise LeadershipLost(
+                "another relay holds the leader lease: the position was not recorded"
+            )
 
     def load_sweep_boundary(self) -> int | None:
         """The first transaction id whose outbox rows the slot is sure to have streamed.

@@ -288,6 +288,19 @@ class Settings(BaseSettings):
     reconnect_max_backoff: float = Field(
         30.0, gt=0, description="Upper bound of the reconnect backoff, seconds."
     )
+    leader_lease_timeout: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds a leader's lease lasts without renewal: a standby takes over from a hung "
+            "leader (stopped, or cut off with its connections open) this long after its last "
+            "renewal. At least twice the renew interval."
+        ),
+    )
+    leader_renew_interval: float = Field(
+        2.0, gt=0, description="Seconds between the leader's renewals of its lease."
+    )
     producer_queue_max_messages: int = Field(
         20_000, ge=1, description="Records in flight to Kafka before reading pauses."
     )
@@ -349,6 +362,15 @@ class Settings(BaseSettings):
             "refuses records for further new topics, per process; 0: it creates none."
         ),
     )
+
+    @model_validator(mode="after")
+    def _lease(self) -> Settings:
+        if self.leader_lease_timeout < 2 * self.leader_renew_interval:
+            raise ValueError(
+                f"{env_name('leader_lease_timeout')} must be at least twice "
+                f"{env_name('leader_renew_interval')}: one late renewal must not lose the lease"
+            )
+        return self
 
     @field_validator("topic_allowlist")
     @classmethod
@@ -571,9 +593,12 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
             reason = "is required" if error["type"] == "missing" else error["msg"]
-            problems.append(f"{env_name(field)}: {reason.removeprefix('Value error, ')}")
+            reason = reason.removeprefix("Value error, ")
+            if error["loc"]:
+                problems.append(f"{env_name(str(error['loc'][0]))}: {reason}")
+            else:  # a rule between settings: its message names them
+                problems.append(reason)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except SettingsError as exc:
         # Raised when a complex value (a JSON object) cannot be parsed at all.

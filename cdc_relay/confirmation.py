@@ -26,7 +26,7 @@ from typing import Protocol
 
 import psycopg
 
-from cdc_relay.errors import SourceUnavailable
+from cdc_relay.errors import LeadershipLost, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import Watermark
@@ -114,7 +114,7 @@ class Confirmer:
         if position > self.confirmed:
             try:
                 self.confirm(position)
-            except (SourceUnavailable, psycopg.Error) as exc:
+            except (SourceUnavailable, LeadershipLost, psycopg.Error) as exc:
                 log.warning("could not confirm on shutdown", extra={"fields": {"error": str(exc)}})
 
     def acknowledged(self) -> int:

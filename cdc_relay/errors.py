@@ -38,6 +38,11 @@ class SlotInUse(SourceSetupError):
     """Another process streams from the replication slot."""
 
 
+class LeadershipLost(SourceError):
+    """Another relay leads now (this one's lease was taken over): stop streaming at once, drop
+    what is in flight, confirm nothing, and become a standby. Never ends the process."""
+
+
 class PositionMismatch(SourceError):
     """The slot and the relay's record of its position disagree in a way that can lose events."""
 

@@ -23,7 +23,12 @@ from functools import partial
 import psycopg
 from psycopg import sql
 
-from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
+from cdc_relay.checkpoint import (
+    LEASE_TABLE,
+    PostgresCheckpointStore,
+    check_missing_slot,
+    resolve_start,
+)
 from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
@@ -295,26 +300,62 @@ class Prerequisites:
     def state_table(self) -> str:
         # Exactly what the relay's start does (PostgresCheckpointStore.ensure_table): no DDL when
         # the table is complete, the file's DDL when not, which only some roles may run.
-        state = self._store().inspect()
-        if state.exists and not state.missing_columns:
-            if state.lacking_privileges:
-                raise Unmet(state.grant_hint(self.user))
+        states = self._store().inspect_all()
+        incomplete = [s for s in states if not s.exists or s.missing_columns]
+        if not incomplete:
+            for state in states:
+                if state.lacking_privileges:
+                    raise Unmet(state.grant_hint(self.user))
             recorded = self._recorded()
             where = f"recorded position {format_lsn(recorded)}" if recorded else "no record yet"
-            return f"{state.name}, {where}"
-        if not state.may_create:
-            raise Unmet(state.create_hint(self.user))
-        what = (
-            "lacks column(s) " + ", ".join(state.missing_columns)
-            if state.exists
-            else ("does not exist yet")
+            return f"{', '.join(s.name for s in states)}, {where}"
+        for state in incomplete:
+            if not state.may_create:
+                raise Unmet(state.create_hint(self.user))
+        what = "; ".join(
+            f"{s.name} lacks column(s) {', '.join(s.missing_columns)}"
+            if s.exists
+            else f"{s.name} does not exist yet"
+            for s in incomplete
         )
-        return f"{state.name} {what}; setup or the relay's first start creates it"
+        return f"{what}; setup or the relay's first start creates it"
 
     def _store(self) -> PostgresCheckpointStore:
         return PostgresCheckpointStore(
             self.conn, self.settings.state_schema, self.settings.slot_name
         )
+
+    def leadership(self) -> str:
+        """Who leads the slot now, and whether this role could take over from it if it hung:
+        that ends the leader's backends (pg_terminate_backend), allowed for backends of a role
+        whose privileges this one has, or with pg_signal_backend; a superuser's only to one."""
+        lease = sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+        try:
+            row = self.conn.execute(
+                sql.SQL(
+                    "SELECT l.holder, l.expires_at > now(), r.rolname, "
+                    "r.oid IS NULL OR ((NOT r.rolsuper OR me.rolsuper) AND "
+                    "(pg_has_role(r.oid, 'USAGE') OR pg_has_role('pg_signal_backend', 'USAGE'))) "
+                    "FROM {} l JOIN pg_roles me ON me.rolname = current_user "
+                    "LEFT JOIN pg_stat_activity a ON a.pid = l.lock_pid "
+                    "LEFT JOIN pg_roles r ON r.oid = a.usesysid WHERE l.slot_name = %s"
+                ).format(lease),
+                (self.settings.slot_name,),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            return "no relay has led this slot yet (the state table above says why)"
+        if row is None:
+            return "no relay has led this slot yet; the first to start leads, others stand by"
+        holder, valid, role, may_end = row
+        state = "leads" if valid else "held the lease, expired"
+        if not may_end:
+            raise Unmet(
+                f"relay {holder} {state} as role {role}, whose connections {self.user} may not "
+                "end: it could not take over if that relay hung. Run every relay of a slot as "
+                f"one role, or GRANT pg_signal_backend TO {self.user}"
+            )
+        who = f" as role {role}" if role else ""
+        return f"relay {holder} {state}{who}; {self.user} may take over from it"
 
     def _recorded(self) -> int | None:
         try:

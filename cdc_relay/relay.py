@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import psycopg
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -23,12 +24,14 @@ from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, re
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import (
+    LeadershipLost,
     RelayError,
     SinkUnavailable,
     SlotInUse,
     SourceUnavailable,
     StopSession,
 )
+from cdc_relay.leadership import Leadership, terminate_backend
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability.http import HealthServer
 from cdc_relay.observability.metrics import RelayMetrics
@@ -37,10 +40,12 @@ from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
 from cdc_relay.publisher import Publisher
 from cdc_relay.replication.source import (
+    SlotState,
     SourceDatabase,
     connect,
     emit_heartbeat,
     retained_wal,
+    slot_state,
 )
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.session import Session
@@ -51,6 +56,8 @@ log = logging.getLogger(__name__)
 
 READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
+STANDBY_LOG_INTERVAL = 60.0  # a standby says so at start and this often
+SLOT_RELEASE_POLL = 0.05
 
 
 class Relay:
@@ -73,6 +80,12 @@ class Relay:
         self._confirmed: int | None = None  # acknowledged position carried across sessions
         self._publisher: Publisher | None = None
         self.topic_rules = TopicRules(settings)  # the topic creation limit is per process
+        self.leadership = Leadership(settings)
+
+    @property
+    def leading(self) -> bool:
+        """This process holds the leadership (read by the session's housekeeping)."""
+        return self.leadership.leading
 
     def request_stop(self) -> None:
         """Safe from a signal handler: the loop notices within one read timeout."""
@@ -93,7 +106,7 @@ class Relay:
         """For /readyz: streaming, Kafka answering and acknowledging, lag under the bound."""
         stats = self.stats
         if not stats.streaming:
-            return False, "not streaming from the replication slot"
+            return False, "not streaming from the replication slot" if stats.leader else "standby"
         if stats.delivery_stalled:
             return False, "Kafka is not acknowledging records"
         lag = stats.lag_seconds()
@@ -117,8 +130,12 @@ class Relay:
         if self.settings.sweep_interval > 0:
             sweeper = Sweeper(self.settings, self.stats)  # a bad retention setting fails here
             self.stats.sweeper = sweeper
+            # Only the leader sweeps (a stale one could not do harm: see cdc_relay.sweeper).
             sweeper_thread = threading.Thread(
-                target=sweeper.run, args=(self._stop,), name="cdc-relay-sweeper", daemon=True
+                target=sweeper.run,
+                args=(self._stop, lambda: self.leadership.leading),
+                name="cdc-relay-sweeper",
+                daemon=True,
             )
             sweeper_thread.start()
         metrics = RelayMetrics(self.stats, self._registry or _process_registry())
@@ -133,7 +150,7 @@ class Relay:
             )
             server.start()
         try:
-            self._run_sessions()
+            self._lead_or_stand_by()
         finally:
             self.request_stop()  # also stops the sweeper
             if sweeper_thread is not None:
@@ -143,6 +160,79 @@ class Relay:
             metrics.shutdown()
             self.tracing.shutdown()
 
+    # -- leadership ----------------------------------------------------------------------------
+
+    def _lead_or_stand_by(self) -> None:
+        """Stand by until this process leads, relay while it does; again after losing it."""
+        self._check_database()
+        leadership = self.leadership
+        leadership.start()
+        try:
+            while not self.stopping:
+                if not self._await_leadership():
+                    break
+                self.stats.leader = True
+                try:
+                    self._run_sessions()
+                except LeadershipLost as exc:
+                    log.warning(
+                        "lost the leadership: dropped what was in flight, now a standby",
+                        extra={"fields": {"reason": str(exc)}},
+                    )
+                    self._confirmed = None  # the next leader's record is the truth now
+                    leadership.resign()
+                finally:
+                    self.stats.leader = False
+                    self.stats.streaming = False
+        finally:
+            leadership.release()  # after the clean stop: a standby takes over at once
+
+    def _check_database(self) -> None:
+        """Before standing by: the database is usable and the state tables exist (so that a
+        standby with a broken configuration fails now, not when it is needed)."""
+        backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
+        url = self.settings.database_url.get_secret_value()
+        while not self.stopping:
+            try:
+                with connect(url) as conn:
+                    require(conn, self.settings)
+                    store = PostgresCheckpointStore(
+                        conn, self.settings.state_schema, self.settings.slot_name
+                    )
+                    store.ensure_table()
+                return
+            except SourceUnavailable as exc:
+                delay = backoff.delay()
+                log.warning(
+                    "cannot reach PostgreSQL, retrying",
+                    extra={"fields": {"reason": str(exc), "retry_in_s": round(delay, 2)}},
+                )
+                self._stop.wait(delay)
+
+    def _await_leadership(self) -> bool:
+        """Wait as a standby until leading (True) or stopped (False); alive all along."""
+        leadership = self.leadership
+        next_log = 0.0
+        while not self.stopping:
+            now = time.monotonic()
+            self.stats.last_loop = now
+            if leadership.leading:
+                return True
+            if now >= next_log:
+                next_log = now + STANDBY_LOG_INTERVAL
+                log.info(
+                    "standby: another relay leads; taking over when it stops or its lease expires",
+                    extra={
+                        "fields": {
+                            "slot": self.settings.slot_name,
+                            "leader": leadership.leader_seen,
+                            "lease_timeout_s": self.settings.leader_lease_timeout,
+                        }
+                    },
+                )
+            leadership.became_leader.wait(1.0)
+        return False
+
     def _run_sessions(self) -> None:
         backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
         first = True
@@ -151,6 +241,9 @@ class Relay:
                 published_before = self.stats.published
                 try:
                     self._session()
+                except LeadershipLost:
+                    self._drop_publisher(purge=True)  # late duplicates at most: see README
+                    raise
                 except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
                     self.stats.streaming = False
                     self.stats.reconnects += 1
@@ -188,7 +281,7 @@ class Relay:
         url = settings.database_url.get_secret_value()
         with connect(url) as conn:
             start = self._prepare(conn)
-            store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+            store = self._store(conn)
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(
@@ -199,6 +292,7 @@ class Relay:
                 coalesce=settings.read_coalesce_ms / 1000,
             )
             stream.open()
+            self.leadership.record_stream(conn, stream.backend_pid)
             self.stats.sessions += 1
             self.stats.streaming = True
             log.info(
@@ -246,7 +340,7 @@ class Relay:
             log.info(
                 "created publication", extra={"fields": {"publication": settings.publication_name}}
             )
-        store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        store = self._store(conn)
         store.ensure_table()
         recorded = store.load()
         if self._confirmed is not None and (recorded is None or self._confirmed > recorded):
@@ -262,6 +356,7 @@ class Relay:
             store.save(start, new_slot=True)
             recorded = start
         else:
+            slot = self._await_free_slot(conn, slot)
             require_usable_slot(conn, settings, slot)
             start, warning = resolve_start(
                 settings.slot_name, slot.confirmed_flush or 0, recorded, settings.allow_slot_reset
@@ -272,6 +367,39 @@ class Relay:
             store.save(start)
         self.stats.confirmed_lsn = start
         return start
+
+    def _store(self, conn: psycopg.Connection[tuple[object, ...]]) -> PostgresCheckpointStore:
+        """The position record, written only while this process holds the leader lease."""
+        settings = self.settings
+        return PostgresCheckpointStore(
+            conn, settings.state_schema, settings.slot_name, holder=self.leadership.holder
+        )
+
+    def _await_free_slot(
+        self, conn: psycopg.Connection[tuple[object, ...]], slot: SlotState
+    ) -> SlotState:
+        """The slot as it is once its previous leader's walsender has let go of it.
+
+        The predecessor's walsender (its pid is in the lease) is ended; another holder gets up
+        to the lease timeout to let go (a relay that lost its lock stops within a renewal), and
+        is then reported by require_usable_slot (SlotInUse).
+        """
+        deadline = time.monotonic() + self.settings.leader_lease_timeout
+        current: SlotState | None = slot
+        while current is not None and current.active_pid is not None:
+            if current.active_pid == self.leadership.predecessor_stream_pid:
+                log.warning(
+                    "ending the previous leader's walsender",
+                    extra={"fields": {"pid": current.active_pid}},
+                )
+                terminate_backend(conn, current.active_pid)
+            if time.monotonic() >= deadline or self.stopping:
+                break
+            self._stop.wait(SLOT_RELEASE_POLL)
+            current = slot_state(conn, self.settings.slot_name)
+        if current is None:
+            raise SourceUnavailable("the replication slot disappeared while waiting for it")
+        return current
 
     def _drop_publisher(self, purge: bool) -> None:
         if self._publisher is not None:

@@ -38,7 +38,13 @@ from cdc_relay.decode.messages import (
     Relation,
     StreamStart,
 )
-from cdc_relay.errors import ProtocolError, RelayError, SinkUnavailable, StopSession
+from cdc_relay.errors import (
+    LeadershipLost,
+    ProtocolError,
+    RelayError,
+    SinkUnavailable,
+    StopSession,
+)
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
@@ -99,6 +105,10 @@ class SessionOwner(Protocol):
 
     @property
     def failed(self) -> bool: ...
+
+    @property
+    def leading(self) -> bool:
+        """Still the leader (read at housekeeping, never per message)."""
 
     def fail(self, error: RelayError) -> None: ...
 
@@ -406,6 +416,8 @@ class Session:
 
     def housekeeping(self, reply: bool = False) -> None:
         """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
+        if not self.owner.leading:  # first: a leader that lost its lease confirms nothing
+            raise LeadershipLost("this relay's leader lease ran out")
         sink = self.sink
         sink.poll(0)
         if self.tracker.failures:

@@ -19,6 +19,11 @@ new fence, which the relay has to confirm past first (the fence is the WAL's end
 the record), so a sweeper that starts while the relay is down deletes nothing. The publication
 publishes inserts only, so the deletes never reach the relay (nor Kafka).
 
+Several sweepers at once are harmless, each deleting only what the record covers: the relay runs
+its own only while it leads (:mod:`cdc_relay.leadership`), but a ``sweep`` command beside it, or a
+stale leader's sweeper for the moment before it notices, may sweep too. The record is written only
+by the lease holder, and only ever with positions Kafka acknowledged.
+
 Two guards: a table is swept only while the relay's publication publishes its inserts (rows of a
 table the relay does not stream are never "published", whatever the recorded position says), and
 only when its id column has a unique index (the delete names rows by id).
@@ -31,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -251,8 +256,9 @@ class Sweeper:
                 total.errors.update(result.errors)
             return total
 
-    def run(self, stop: threading.Event) -> None:
-        """Sweep every ``sweep_interval`` seconds until ``stop`` is set; never raises."""
+    def run(self, stop: threading.Event, may_sweep: Callable[[], bool] | None = None) -> None:
+        """Sweep every ``sweep_interval`` seconds until ``stop`` is set; never raises. With
+        ``may_sweep``, a pass runs only while it says so (the relay: while it leads)."""
         interval = self.settings.sweep_interval
         if interval <= 0:
             return
@@ -261,6 +267,9 @@ class Sweeper:
         try:
             while not stop.is_set():
                 delay = interval
+                if may_sweep is not None and not may_sweep():
+                    stop.wait(min(interval, 1.0))
+                    continue
                 try:
                     result = self.sweep_once()
                 except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:

@@ -11,3 +11,15 @@ CREATE TABLE IF NOT EXISTS cdc_relay.slot_position (
 -- The first transaction id whose outbox rows the slot is sure to stream: set when the slot is
 -- created. The sweeper never deletes rows of older transactions (they may predate the slot).
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_from_xid xid8;
+-- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
+-- connection of its own and renews this lease every few seconds; a standby takes over when the
+-- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.
+-- The relay's position record is written only while its lease row names it (see checkpoint.py).
+CREATE TABLE IF NOT EXISTS cdc_relay.leader_lease (
+    slot_name  text        PRIMARY KEY,
+    holder     text        NOT NULL,
+    lock_pid   integer     NOT NULL,
+    stream_pid integer,
+    renewed_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);

@@ -23,6 +23,10 @@ GRANT SELECT, DELETE ON public.outbox TO relay;
 -- The relay's record of its confirmed position (sql/002_cdc_relay_state.sql).
 GRANT USAGE ON SCHEMA cdc_relay TO relay;
 GRANT SELECT, INSERT, UPDATE ON cdc_relay.slot_position TO relay;
+-- Which relay leads (several relays may run; one streams): the lease row, renewed by the leader.
+-- Taking over from a hung leader ends its backends with pg_terminate_backend, which a role may do
+-- to backends of the same role without any grant: run every relay of a slot as this one role.
+GRANT SELECT, INSERT, UPDATE ON cdc_relay.leader_lease TO relay;
 
 -- Not granted, because not needed: CREATE on the database or any schema (no DDL at start when
 -- the objects above exist), ownership of the outbox (only to create the publication, which

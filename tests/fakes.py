@@ -52,6 +52,7 @@ class FakeOwner:
 
     stopping: bool = False
     failure: RelayError | None = None
+    leading: bool = True
 
     @property
     def failed(self) -> bool:

@@ -192,6 +192,12 @@ class RelayMetrics:
             "{error}",
         )
         gauge(
+            "cdc_relay.role",
+            "1 while this relay leads (streams), 0 while it stands by",
+            lambda: int(stats.leader),
+            "{role}",
+        )
+        gauge(
             "cdc_relay.events.in_flight",
             "Records produced and not yet acknowledged",
             lambda: stats.in_flight,

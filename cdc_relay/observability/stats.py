@@ -75,6 +75,7 @@ class RelayStats:
     retained_wal_bytes: int | None = None
     in_flight: int = 0
     streaming: bool = False
+    leader: bool = False  # holds the leadership (cdc_relay.leadership); False: a standby
     last_loop: float = field(default_factory=time.monotonic)
     delivery_stalled: bool = False
     sweeper: SweeperCounters | None = None  # set when the relay runs its sweeper
@@ -96,6 +97,7 @@ class RelayStats:
     def snapshot(self) -> dict[str, object]:
         """The numbers ``status`` and ``/status`` show."""
         return {
+            "role": "leader" if self.leader else "standby",
             "streaming": self.streaming,
             "uptime_s": round(time.time() - self.started_at, 1),
             "published": self.published,

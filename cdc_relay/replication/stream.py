@@ -62,6 +62,12 @@ class ReplicationStream:
         self._fed = False  # the last wait brought data
         self._woke_at = 0.0
 
+    @property
+    def backend_pid(self) -> int:
+        """The walsender's process id (``pg_replication_slots.active_pid`` while streaming)."""
+        assert self._conn is not None
+        return int(self._conn.backend_pid)
+
     def open(self) -> None:
         conn = pq.PGconn.connect(self._conninfo.encode())
         if conn.status != pq.ConnStatus.OK:

@@ -195,6 +195,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "state table",
         "publication",
         "slot",
+        "leadership",
         "broker",
         "topics",
     }
@@ -203,6 +204,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         assert lines["wal2json"] == "ok   wal2json: installed"
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
+    assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")
 
 
 @pytest.fixture

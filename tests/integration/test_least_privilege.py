@@ -4,6 +4,9 @@ non-superuser role — which may not run any DDL — with the publication owned 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -115,6 +118,7 @@ def test_relay_and_sweeper_run_as_the_documented_role(
     assert "REPLICATION; SELECT, DELETE on public.outbox" in lines["privileges"]
     assert lines["state table"].startswith("ok   state table: cdc_relay.slot_position")
     assert f"(owner owner_{unique})" in lines["publication"]
+    assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")
 
     relay = RelayProcess(env).start()
     try:
@@ -163,3 +167,46 @@ def test_check_names_each_missing_grant(
         relay.close()
     assert exit_code == 3, relay.logs()
     assert "GRANT UPDATE ON cdc_relay.slot_position TO relay" in relay.logs()
+
+
+def test_a_standby_of_the_same_role_takes_over_from_a_hung_leader(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    """Taking over ends the hung leader's backends (pg_terminate_backend): allowed between
+    backends of the same role, with no grant beyond sql/005_relay_role.sql."""
+    relay_url, _owner = least_privilege
+    env = relay_env(
+        relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,
+        leader_lease_timeout="3", leader_renew_interval="0.5", log_level="INFO",
+    )  # fmt: skip
+    first = RelayProcess(env).start()
+    second = RelayProcess(env).start()
+    try:
+        wait_until(
+            lambda: "cdc_relay.relay: streaming" in first.logs() + second.logs(),
+            30,
+            "one relay to stream",
+        )
+        leader, standby = (first, second) if "relay: streaming" in first.logs() else (second, first)
+        standby.wait_for_log("standby: another relay leads")
+        result = cdc_relay(env, "check")
+        assert lines_of(result)["leadership"].startswith("ok   leadership: relay "), result.stdout
+        assert f"leads as role {ROLE}; {ROLE} may take over from it" in result.stdout
+        os.kill(leader.pid, signal.SIGSTOP)
+        try:
+            standby.wait_for_log("cdc_relay.relay: streaming", 20)
+            events = [new_event("order", f"o-{i}", "created", {"n": i}) for i in range(5)]
+            write_transactions(database, [events])
+            records = consume_all(broker.bootstrap_servers, f"{unique}.order", len(events), 30)
+        finally:
+            os.kill(leader.pid, signal.SIGCONT)
+        leader.wait_for_log("lost the leadership", 15)
+        time.sleep(0.5)
+    finally:
+        codes = [relay.stop() for relay in (first, second)]
+        for relay in (first, second):
+            relay.close()
+    assert codes == [0, 0]
+    assert "ending its connections and taking over" in standby.logs()
+    assert "cannot end the hung leader's connections" not in standby.logs()
+    assert {r.header("id") for r in records} == {e.id.encode() for e in events}

@@ -875,3 +875,16 @@ def test_good_properties_pass_librdkafka() -> None:
 )
 def test_connect_failure_kind(message: str, sqlstate: str | None, kind: str) -> None:
     assert connect_failure_kind(message, sqlstate) == kind
+
+
+def test_the_lease_outlasts_two_renewals() -> None:
+    settings = load_settings(**REQUIRED)
+    assert (settings.leader_lease_timeout, settings.leader_renew_interval) == (15.0, 2.0)
+    error = config_error(**REQUIRED, leader_lease_timeout="3", leader_renew_interval="2")
+    assert error == (
+        "invalid configuration: CDC_RELAY_LEADER_LEASE_TIMEOUT must be at least twice "
+        "CDC_RELAY_LEADER_RENEW_INTERVAL: one late renewal must not lose the lease"
+    )
+    for name, value in [("leader_lease_timeout", "inf"), ("leader_lease_timeout", "0"),
+                        ("leader_renew_interval", "nan")]:  # fmt: skip
+        assert f"CDC_RELAY_{name.upper()}: " in config_error(**REQUIRED, **{name: value})

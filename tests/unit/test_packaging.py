@@ -44,7 +44,7 @@ GRAFANA_DIR = REPO / "docker" / "grafana"
 HTTP_PORT = 8080  # the default of CDC_RELAY_HTTP_PORT: /healthz and /metrics
 
 CDC_RELAY_VARIABLE = re.compile(r"\bCDC_RELAY_[A-Z0-9_]+\b")
-ALWAYS_ON = {"postgres", "kafka", "relay", "demo-writer", "console-consumer"}
+ALWAYS_ON = {"postgres", "kafka", "relay", "relay-standby", "demo-writer", "console-consumer"}
 OBSERVABILITY = {"prometheus", "grafana"}
 
 
@@ -199,6 +199,13 @@ def test_relay_service(model: dict[str, Any]) -> None:
     assert "@postgres:5432/" in env["CDC_RELAY_DATABASE_URL"]
 
 
+def test_a_second_relay_with_the_same_configuration_stands_by(model: dict[str, Any]) -> None:
+    relay, standby = model["services"]["relay"], model["services"]["relay-standby"]
+    assert {k: v for k, v in standby.items() if k != "container_name"} == {
+        k: v for k, v in relay.items() if k != "container_name"
+    }
+
+
 def test_demo_writer_service_uses_the_writer_and_its_variables(
     model: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,7 +275,7 @@ def test_observability_services(model: dict[str, Any]) -> None:
         for static in job["static_configs"]
         for target in static["targets"]
     ]
-    assert targets == [f"relay:{HTTP_PORT}"]
+    assert targets == [f"relay:{HTTP_PORT}", f"relay-standby:{HTTP_PORT}"]
     assert [job.get("metrics_path", "/metrics") for job in config["scrape_configs"]] == ["/metrics"]
 
 

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 from cdc_relay.config import Settings, load_settings
 from cdc_relay.decode import decoder_for
 from cdc_relay.decode.messages import Commit, Insert
-from cdc_relay.errors import PoisonRecordError, SinkUnavailable, StopSession
+from cdc_relay.errors import LeadershipLost, PoisonRecordError, SinkUnavailable, StopSession
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.session import Session
@@ -248,3 +248,16 @@ def test_a_stop_that_cannot_wait_leaves_the_transaction_unconfirmed() -> None:
     harness = Harness(FRAMES, stop_after=2, shutdown_timeout=1e-9)
     harness.run()
     assert harness.store.saved == []
+
+
+def test_a_leader_that_lost_its_lease_confirms_nothing_more() -> None:
+    harness = Harness(FRAMES)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.sink.acknowledging = True
+    harness.owner.leading = False  # e.g. it woke from SIGSTOP after a standby took over
+    with pytest.raises(LeadershipLost):
+        harness.session.housekeeping()
+    assert harness.store.saved == []
+    assert all(flushed == 0 for _, flushed in harness.source.statuses)

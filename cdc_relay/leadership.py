@@ -1,0 +1,297 @@
+"""Which relay streams: leadership through PostgreSQL only, so any number of relays may run.
+
+Every relay of a slot competes for two things in the source database, and leads while it holds
+both; the others stand by (alive, ``/readyz`` 503 ``standby``) and take over in seconds:
+
+- a **session-level advisory lock** (``pg_try_advisory_lock``, keyed by the slot's name; advisory
+  locks are per database) on a connection of its own. PostgreSQL frees it when that connection
+  ends — a leader killed, or stopped cleanly, loses it at once, and a standby, polling every
+  :data:`POLL_INTERVAL`, takes it;
+- a **lease row** in the state schema (``leader_lease``: holder, the lock connection's pid, the
+  walsender's pid, ``expires_at``), renewed every ``CDC_RELAY_LEADER_RENEW_INTERVAL`` by this
+  module's thread. A *hung* leader (stopped, or cut off with its TCP connections open) keeps the
+  lock but stops renewing: once its lease has expired (the database's clock, so the relays' clocks
+  do not matter), a standby ends the holder's lock connection and walsender
+  (``pg_terminate_backend``: allowed between backends of the same role) and takes the lock.
+
+The lease is also the fence: the position record is written only in a statement that locks the
+lease row naming this holder (:meth:`cdc_relay.checkpoint.PostgresCheckpointStore.save`), so a
+leader that wakes after a takeover cannot confirm anything; its walsender was ended, so it cannot
+confirm the slot either. It also notices by itself: :attr:`Leadership.leading` turns false when the
+last renewal is older than the lease (by the local monotonic clock, which runs on while a process
+is stopped), before any database answers. It then purges its producer and becomes a standby.
+
+Two relays that disagree — the old one still believes it leads — can at worst both hand records to
+Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
+record nor the slot can be moved by the one that lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+
+from cdc_relay.checkpoint import LEASE_TABLE
+from cdc_relay.config import Settings
+from cdc_relay.errors import LeadershipLost, SourceError
+from cdc_relay.replication.source import connect
+
+log = logging.getLogger(__name__)
+
+LOCK_CLASS = 0x63646372  # "cdcr": the advisory lock's first key; the second is the slot's hash
+POLL_INTERVAL = 0.25  # a standby's look at the lock (and at an expired lease)
+TERMINATE_WAIT_MS = 2000  # pg_terminate_backend(pid, timeout): wait until the backend is gone
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+
+def terminate_backend(conn: Connection, pid: int) -> bool:
+    """End backend ``pid`` and wait (bounded) until it is gone; True if it went."""
+    row = conn.execute("SELECT pg_terminate_backend(%s, %s)", (pid, TERMINATE_WAIT_MS)).fetchone()
+    return bool(row and row[0])
+
+
+def holder_id() -> str:
+    """This process's name in the lease: host, pid and a random part (pids are reused)."""
+    return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+class Leadership:
+    """The lock connection and the lease, kept by a thread of its own (:meth:`run`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.holder = holder_id()
+        self.became_leader = threading.Event()
+        self.leader_seen: str | None = None  # the lease's holder, as a standby last read it
+        self.predecessor_stream_pid: int | None = None  # the walsender of the one we replaced
+        self._lease = sql.Identifier(settings.state_schema, LEASE_TABLE)
+        self._timeout = settings.leader_lease_timeout
+        self._conn: Connection | None = None
+        self._leading = False
+        self._failing = False  # the last look at the database failed
+        self._renewed_at = 0.0  # monotonic time taken before the last successful renewal
+        self._resign = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the relay asks -------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        """Holds the lock and a lease that has not run out by the local clock."""
+        return self._leading and time.monotonic() - self._renewed_at < self._timeout
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="cdc-relay-leadership", daemon=True)
+        self._thread.start()
+
+    def resign(self) -> None:
+        """The relay stopped leading (lost its lease): release the lock, compete again."""
+        self._leading = False
+        self.became_leader.clear()
+        self._resign.set()
+
+    def release(self, timeout: float = 10.0) -> None:
+        """After the last session's clean stop: expire the lease and free the lock at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                if self._leading:
+                    conn.execute(
+                        sql.SQL(
+                            "UPDATE {} SET expires_at = now() WHERE slot_name = %s AND holder = %s"
+                        ).format(self._lease),
+                        (self.settings.slot_name, self.holder),
+                    )
+            conn.close()  # ends the session: its advisory lock goes with it
+        self._leading = False
+
+    def record_stream(self, conn: Connection, pid: int) -> None:
+        """Write the walsender's pid into the lease (a successor ends it if it lingers)."""
+        cursor = conn.execute(
+            sql.SQL("UPDATE {} SET stream_pid = %s WHERE slot_name = %s AND holder = %s").format(
+                self._lease
+            ),
+            (pid, self.settings.slot_name, self.holder),
+        )
+        if cursor.rowcount != 1:
+            raise LeadershipLost("another relay took the leader lease before streaming began")
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Compete (standby) or renew (leader) until released; never raises."""
+        while not self._stop.is_set():
+            wait = POLL_INTERVAL
+            try:
+                if self._resign.is_set():
+                    self._resign.clear()
+                    self._close()
+                elif self._leading:
+                    self._renew()
+                    wait = self.settings.leader_renew_interval
+                elif self._try_acquire():
+                    wait = self.settings.leader_renew_interval
+            except (psycopg.Error, SourceError) as exc:
+                if self._leading:
+                    self._leading = False
+                    log.warning(
+                        "lost the leadership connection",
+                        extra={"fields": {"error": str(exc).strip()}},
+                    )
+                else:
+                    # Once per outage, not every second of it.
+                    log.log(
+                        logging.DEBUG if self._failing else logging.WARNING,
+                        "cannot compete for leadership, retrying",
+                        extra={"fields": {"error": str(exc).strip()}},
+                    )
+                self._failing = True
+                self._close()
+                wait = 1.0
+            except Exception:  # a bug must not leave a leader without renewals unnoticed
+                self._leading = False
+                self._close()
+                log.exception("unexpected error in the leadership thread")
+                wait = 1.0
+            else:
+                self._failing = False
+            self._stop.wait(wait)
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            conn = connect(self.settings.database_url.get_secret_value())
+            try:
+                conn.execute("SET application_name = 'cdc-relay leadership'")
+                conn.execute("SET statement_timeout = '5s'")
+            except psycopg.Error:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def _try_acquire(self) -> bool:
+        conn = self._connection()
+        slot = self.settings.slot_name
+        started = time.monotonic()
+        if not self._try_lock(conn) and not (self._end_hung_holder(conn) and self._try_lock(conn)):
+            return False
+        with conn.transaction():
+            previous = conn.execute(
+                sql.SQL("SELECT holder, stream_pid FROM {} WHERE slot_name = %s FOR UPDATE").format(
+                    self._lease
+                ),
+                (slot,),
+            ).fetchone()
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (slot_name, holder, lock_pid, stream_pid, renewed_at, "
+                    "expires_at) VALUES (%s, %s, pg_backend_pid(), NULL, now(), "
+                    "now() + make_interval(secs => %s)) ON CONFLICT (slot_name) DO UPDATE SET "
+                    "holder = EXCLUDED.holder, lock_pid = EXCLUDED.lock_pid, stream_pid = NULL, "
+                    "renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at"
+                ).format(self._lease),
+                (slot, self.holder, self._timeout),
+            )
+        self.predecessor_stream_pid = (
+            int(str(previous[1])) if previous and previous[1] is not None else None
+        )
+        self._renewed_at = started
+        self._leading = True
+        self.leader_seen = self.holder
+        log.info(
+            "leading",
+            extra={
+                "fields": {
+                    "slot": slot,
+                    "holder": self.holder,
+                    "previous": str(previous[0]) if previous else None,
+                }
+            },
+        )
+        self.became_leader.set()
+        return True
+
+    def _try_lock(self, conn: Connection) -> bool:
+        row = conn.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+            (LOCK_CLASS, self.settings.slot_name),
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _renew(self) -> None:
+        conn = self._connection()
+        started = time.monotonic()
+        cursor = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET renewed_at = now(), expires_at = now() + make_interval(secs => %s) "
+                "WHERE slot_name = %s AND holder = %s AND lock_pid = pg_backend_pid()"
+            ).format(self._lease),
+            (self._timeout, self.settings.slot_name, self.holder),
+        )
+        if cursor.rowcount != 1:
+            self._leading = False
+            log.warning("another relay took the leader lease", extra={"fields": {}})
+            self._close()
+            return
+        self._renewed_at = started
+
+    def _end_hung_holder(self, conn: Connection) -> bool:
+        """The lock is held: by whom, and is its lease still valid? True when this ended the
+        connections of a holder whose lease had expired (a hung leader)."""
+        slot = self.settings.slot_name
+        row = conn.execute(
+            sql.SQL(
+                "SELECT l.holder, l.expires_at < now(), l.lock_pid, l.stream_pid FROM {} l "
+                "JOIN pg_locks k ON k.pid = l.lock_pid AND k.locktype = 'advisory' "
+                "AND k.granted AND k.classid = %s AND k.objid = hashtext(%s)::oid "
+                "AND k.objsubid = 2 "
+                "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " WHERE l.slot_name = %s"
+            ).format(self._lease),
+            (LOCK_CLASS, slot, slot),
+        ).fetchone()
+        if row is None:
+            # The lock's holder has not written its lease yet (it just took the lock), or it is
+            # no relay of this version: wait, never end a backend whose lease we cannot see.
+            return False
+        holder, expired, lock_pid, stream_pid = row
+        self.leader_seen = str(holder)
+        if not expired:
+            return False
+        log.warning(
+            "the leader's lease expired: ending its connections and taking over",
+            extra={"fields": {"slot": slot, "stale_holder": str(holder)}},
+        )
+        try:
+            conn.execute(
+                "SELECT pg_terminate_backend(%s, %s), (SELECT pg_terminate_backend(s.active_pid, "
+                "%s) FROM pg_replication_slots s WHERE s.slot_name = %s AND s.active_pid = %s)",
+                (lock_pid, TERMINATE_WAIT_MS, TERMINATE_WAIT_MS, slot, stream_pid),
+            )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log.error(
+                "cannot end the hung leader's connections: run every relay of a slot as one role "
+                "(or GRANT pg_signal_backend TO this one)",
+                extra={"fields": {"error": exc.diag.message_primary or str(exc)}},
+            )
+            return False
+        return True

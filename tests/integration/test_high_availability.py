@@ -1,0 +1,425 @@
+"""High availability (issue 12): several relays of one slot, one leads, the others stand by and
+take over — after a kill, a clean stop, or a hang — losing nothing and keeping per-aggregate order.
+
+Takeover times are measured from the fault to the arrival, at a Kafka consumer, of the first event
+whose transaction began after the fault (only the successor can have published it), and printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from cdc_relay.checkpoint import PostgresCheckpointStore
+from cdc_relay.errors import LeadershipLost
+from cdc_relay.local.lifetime import free_port
+from cdc_relay.lsn import parse_lsn
+from tests.conftest import KafkaBroker
+from tests.integration.relay_support import (
+    RelayProcess,
+    create_outbox,
+    http_get,
+    insert_events,
+    new_event,
+    relay_env,
+    scalar,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+LEASE = 4.0  # CDC_RELAY_LEADER_LEASE_TIMEOUT in these tests (default 15)
+RENEW = 0.5
+PARTITIONS = 3
+
+
+def _env(database: str, broker: KafkaBroker, unique: str, **extra: str) -> dict[str, str]:
+    return relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        leader_lease_timeout=str(LEASE),
+        leader_renew_interval=str(RENEW),
+        **{"confirm_interval": "0.2", "log_level": "INFO", **extra},
+    )
+
+
+def _leader_pid(url: str, slot: str) -> int | None:
+    """The pid of the relay whose lease is valid now (the holder id is host/pid/random)."""
+    try:
+        holder = scalar(
+            url,
+            "SELECT holder FROM cdc_relay.leader_lease WHERE slot_name = %s AND expires_at > now()",
+            slot,
+        )
+    except psycopg.errors.UndefinedTable:
+        return None  # no relay has started yet
+    return int(str(holder).split("/")[1]) if holder else None
+
+
+class Writers:
+    """Threads committing small transactions at a steady rate, each on aggregates of its own;
+    each event's payload says its aggregate's sequence number. Notes when each transaction began."""
+
+    def __init__(self, url: str, threads: int = 2, rate: float = 1000.0, per_txn: int = 10) -> None:
+        self.url = url
+        self.began: dict[str, float] = {}  # event id -> monotonic time before its BEGIN
+        self.events: list[tuple[str, str, int]] = []  # (id, aggregate, seq) in commit order
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._interval = per_txn * threads / rate
+        self._per_txn = per_txn
+        self._threads = [threading.Thread(target=self._run, args=(n,)) for n in range(threads)]
+        self.errors: list[str] = []
+
+    def _run(self, n: int) -> None:
+        seq: defaultdict[str, int] = defaultdict(int)
+        aggregates = [f"w{n}-a{i}" for i in range(7)]
+        k = 0
+        try:
+            with psycopg.connect(self.url) as conn:
+                next_at = time.monotonic()
+                while not self._stop.is_set():
+                    began = time.monotonic()
+                    batch = []
+                    for _ in range(self._per_txn):
+                        aggregate = aggregates[k % len(aggregates)]
+                        k += 1
+                        payload = {"agg": aggregate, "seq": seq[aggregate]}
+                        seq[aggregate] += 1
+                        batch.append(new_event("order", aggregate, "changed", payload))
+                    with conn.transaction():
+                        insert_events(conn, batch)
+                    with self._lock:
+                        for event in batch:
+                            self.began[event.id] = began
+                            self.events.append((event.id, event.aggregate_id, event.payload["seq"]))  # type: ignore[arg-type]
+                    next_at += self._interval
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+        except Exception as exc:  # reported by stop()
+            self.errors.append(repr(exc))
+
+    def __enter__(self) -> Writers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+        assert not self.errors, self.errors
+
+    def began_at(self, event_id: str) -> float | None:
+        with self._lock:
+            return self.began.get(event_id)
+
+
+class LiveConsumer:
+    """Reads the topic from the beginning while the test runs; notes each record's arrival."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(10)
+        self.arrivals: list[tuple[float, str, bytes]] = []  # (monotonic, event id, value)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"ha-{topic}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+                "log_level": 3,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.consume(num_messages=1000, timeout=0.02):
+                if message.error() is not None:
+                    continue
+                now = time.monotonic()
+                headers = dict(message.headers() or [])
+                raw_id = headers.get("id") or b""
+                event_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+                with self._lock:
+                    self.arrivals.append((now, event_id, bytes(message.value() or b"")))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def snapshot(self) -> list[tuple[float, str, bytes]]:
+        with self._lock:
+            return list(self.arrivals)
+
+    def first_new_event_after(self, fault: float, writers: Writers, timeout: float) -> float:
+        """Seconds from ``fault`` to the arrival of the first event begun after it."""
+        deadline = time.monotonic() + timeout
+        index = 0
+        while time.monotonic() < deadline:
+            arrivals = self.snapshot()
+            for at, event_id, _value in arrivals[index:]:
+                began = writers.began_at(event_id)
+                if began is not None and began > fault:
+                    return at - fault
+            index = len(arrivals)
+            time.sleep(0.01)
+        raise AssertionError(f"no event begun after the fault arrived within {timeout}s")
+
+
+def _check_nothing_lost_and_order_kept(consumer: LiveConsumer, writers: Writers) -> int:
+    """Every committed event arrived; per aggregate, first occurrences in commit order.
+    Returns the number of duplicates."""
+    expected = {event_id for event_id, _, _ in writers.events}
+    wait_until(
+        lambda: expected <= {a[1] for a in consumer.snapshot()},
+        60,
+        "every committed event to arrive",
+    )
+    firsts: defaultdict[str, list[int]] = defaultdict(list)
+    seen: set[str] = set()
+    arrivals = consumer.snapshot()
+    for _at, event_id, value in arrivals:
+        if event_id in seen:
+            continue
+        seen.add(event_id)
+        payload = orjson.loads(value)
+        firsts[payload["agg"]].append(payload["seq"])
+    for aggregate, sequence in firsts.items():
+        assert sequence == list(range(len(sequence))), f"order broken for {aggregate}"
+    return len(arrivals) - len(seen)
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    try:
+        yield started
+    finally:
+        for relay in started:
+            if relay.proc is not None and relay.proc.poll() is None:
+                os.kill(relay.pid, signal.SIGCONT)  # a test that failed with one stopped
+            relay.close()
+
+
+def _start(relays: list[RelayProcess], env: dict[str, str]) -> RelayProcess:
+    relay = RelayProcess(env).start()
+    relays.append(relay)
+    return relay
+
+
+def _by_pid(relays: list[RelayProcess], pid: int | None) -> RelayProcess:
+    matches = [r for r in relays if pid is not None and r.proc is not None and r.pid == pid]
+    assert matches, f"no relay of this test leads (pid {pid})"
+    return matches[0]
+
+
+def _wait_leader(url: str, env: dict[str, str], relays: list[RelayProcess]) -> RelayProcess:
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    wait_until(lambda: _leader_pid(url, slot) is not None, 30, "a relay to lead")
+    leader = _by_pid(relays, _leader_pid(url, slot))
+    leader.wait_streaming()
+    return leader
+
+
+def _metric(port: int, name: str) -> float:
+    _status, body = http_get(port, "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_one_relay_leads_the_other_stands_by(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    create_outbox(database)
+    ports = [free_port(), free_port()]
+    first = _start(relays, _env(database, broker, unique, http_port=str(ports[0])))
+    first.wait_streaming()
+    second = _start(relays, _env(database, broker, unique, http_port=str(ports[1])))
+    second.wait_for_log("standby: another relay leads")
+    wait_until(lambda: http_get(ports[1], "/healthz")[0] == 200, 10, "the standby to be healthy")
+    wait_until(lambda: http_get(ports[0], "/readyz")[0] == 200, 20, "the leader to be ready")
+
+    status, body = http_get(ports[1], "/readyz")
+    assert (status, orjson.loads(body)["reason"]) == (503, "standby")
+    assert orjson.loads(http_get(ports[1], "/status")[1])["role"] == "standby"
+    assert orjson.loads(http_get(ports[0], "/status")[1])["role"] == "leader"
+    assert _metric(ports[0], "cdc_relay_role") == 1
+    assert _metric(ports[1], "cdc_relay_role") == 0
+    assert "cdc_relay.relay: streaming" not in second.logs()
+    assert _leader_pid(database, f"slot_{unique}") == first.pid
+    assert first.stop() == 0
+    assert second.stop() == 0
+
+
+def test_a_clean_stop_hands_over_within_two_seconds(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    create_outbox(database)
+    env = _env(database, broker, unique)
+    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    try:
+        _start(relays, env)
+        _start(relays, env)
+        leader = _wait_leader(database, env, relays)  # the slot exists: events from now on
+        with Writers(database, threads=1, rate=200) as writers:
+            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            fault = time.monotonic()
+            leader.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            took = consumer.first_new_event_after(fault, writers, 20)
+            assert leader.wait(30) == 0
+        _check_nothing_lost_and_order_kept(consumer, writers)
+    finally:
+        consumer.close()
+    print(f"\nSIGTERM takeover: {took:.2f}s")
+    assert took <= 2.0
+
+
+def test_a_woken_leader_confirms_nothing_and_stands_by(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    create_outbox(database)
+    slot = f"slot_{unique}"
+    env = _env(database, broker, unique, log_level="DEBUG")
+    samples: list[tuple[int, int]] = []  # (recorded position, slot's confirmed_flush)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(database, autocommit=True) as conn:
+            while not sampling.is_set():
+                row = conn.execute(
+                    "SELECT p.confirmed_lsn::text, s.confirmed_flush_lsn::text "
+                    "FROM cdc_relay.slot_position p JOIN pg_replication_slots s USING (slot_name) "
+                    "WHERE slot_name = %s",
+                    (slot,),
+                ).fetchone()
+                if row is not None:
+                    samples.append((parse_lsn(str(row[0])), parse_lsn(str(row[1]))))
+                time.sleep(0.05)
+
+    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    sampler = threading.Thread(target=sample)
+    try:
+        _start(relays, env)
+        _start(relays, env)
+        old = _wait_leader(database, env, relays)
+        with Writers(database, threads=1, rate=200) as writers:
+            sampler.start()
+            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            stopped_at_log = len(old.logs())
+            fault = time.monotonic()
+            os.kill(old.pid, signal.SIGSTOP)
+            took = consumer.first_new_event_after(fault, writers, LEASE + 10)
+            new = _by_pid(relays, _leader_pid(database, slot))
+            assert new is not old
+            time.sleep(2 * RENEW + 1)  # the new leader confirms a few times
+            os.kill(old.pid, signal.SIGCONT)
+            old.wait_for_log("lost the leadership", 15)
+            old.wait_for_log("standby: another relay leads", 15)
+            time.sleep(1)
+            assert _leader_pid(database, slot) == new.pid
+        _check_nothing_lost_and_order_kept(consumer, writers)
+    finally:
+        sampling.set()
+        if sampler.is_alive():
+            sampler.join(10)
+        consumer.close()
+    print(f"\nSIGSTOP takeover: {took:.2f}s (lease {LEASE:g}s)")
+    woken = old.logs()[stopped_at_log:]
+    assert "cdc_relay.confirmation: confirmed" not in woken, woken
+    assert "ending its connections and taking over" in new.logs()
+    records = [r for r, _ in samples]
+    flushes = [f for _, f in samples]
+    assert records == sorted(records), "the recorded position went backwards"
+    assert flushes == sorted(flushes), "the slot's confirmed position went backwards"
+    assert all(f <= r for r, f in samples), "the slot got ahead of the record"
+    assert took <= LEASE + 5
+
+
+def test_the_position_record_is_fenced_by_the_lease(database: str, unique: str) -> None:
+    slot = f"slot_{unique}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        PostgresCheckpointStore(conn, "cdc_relay", slot).ensure_table()
+        conn.execute(
+            "INSERT INTO cdc_relay.leader_lease (slot_name, holder, lock_pid, expires_at) "
+            "VALUES (%s, 'a', pg_backend_pid(), now() + interval '1 minute')",
+            (slot,),
+        )
+        stale = PostgresCheckpointStore(conn, "cdc_relay", slot, holder="a")
+        stale.save(1000)
+        conn.execute("UPDATE cdc_relay.leader_lease SET holder = 'b' WHERE slot_name = %s", (slot,))
+        with pytest.raises(LeadershipLost):
+            stale.save(2000)
+        assert stale.load() == 1000
+        PostgresCheckpointStore(conn, "cdc_relay", slot, holder="b").save(3000)
+        assert stale.load() == 3000
+
+
+def test_three_relays_survive_kills_and_hangs(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    """Item 5's soak: ~1,000 events/s, the leader killed five times and hung twice."""
+    create_outbox(database)
+    env = _env(database, broker, unique)
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    times: dict[str, list[float]] = {"kill": [], "hang": []}
+    try:
+        for _ in range(3):
+            _start(relays, env)
+        _wait_leader(database, env, relays)
+        with Writers(database, threads=2, rate=1000) as writers:
+            for fault in ("kill", "kill", "hang", "kill", "kill", "hang", "kill"):
+                leader = _wait_leader(database, env, relays)
+                consumer.first_new_event_after(time.monotonic(), writers, 30)  # healthy
+                time.sleep(2)  # the leader streams, confirms and renews for a while
+                at = time.monotonic()
+                if fault == "kill":
+                    leader.kill()
+                    took = consumer.first_new_event_after(at, writers, 20)
+                    relays.remove(leader)
+                    leader.close()
+                    _start(relays, env)  # three relays again
+                else:
+                    os.kill(leader.pid, signal.SIGSTOP)
+                    took = consumer.first_new_event_after(at, writers, LEASE + 20)
+                    os.kill(leader.pid, signal.SIGCONT)
+                    leader.wait_for_log("lost the leadership", 15)
+                times[fault].append(took)
+                assert _leader_pid(database, slot) != leader.pid
+        duplicates = _check_nothing_lost_and_order_kept(consumer, writers)
+        written = len(writers.events)
+    finally:
+        consumer.close()
+    for relay in relays:
+        assert relay.stop() == 0, relay.logs()
+    print(f"\nsoak: {written} events, {duplicates} duplicates")
+    for fault, values in times.items():
+        print(
+            f"{fault}: takeovers {', '.join(f'{v:.2f}' for v in values)} s; median "
+            f"{statistics.median(values):.2f} s, max {max(values):.2f} s"
+        )
+    assert max(times["kill"]) <= 5.0
+    assert max(times["hang"]) <= LEASE + 5.0
