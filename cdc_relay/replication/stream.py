@@ -268,7 +268,10 @@ def switch_point(history: bytes, since: int | None = None) -> int | None:
     without ``since`` the last switch, where the current timeline began. A ``since`` the file does
     not name gives the earliest switch, the conservative answer."""
     if history.startswith(b"\\x"):
-        history = bytes.fromhex(history[2:].decode("ascii"))
+        try:
+            history = bytes.fromhex(history[2:].decode("ascii"))
+        except ValueError:
+            return None
     switches: list[tuple[int, int]] = []
     for line in history.decode("utf-8", "replace").splitlines():
         fields = line.strip().split()
