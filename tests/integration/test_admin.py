@@ -195,6 +195,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "state table",
         "publication",
         "slot",
+        "failover",
         "broker",
         "topics",
     }
@@ -203,6 +204,8 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         assert lines["wal2json"] == "ok   wal2json: installed"
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
+    # Failover slots came with PostgreSQL 17: before, check says what a failover does.
+    assert "failover slot" in lines["failover"] or "has no failover slots" in lines["failover"]
 
 
 @pytest.fixture
