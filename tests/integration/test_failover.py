@@ -383,8 +383,9 @@ def test_slot_failover_setting_on_the_session_server(
             assert scalar(
                 database, "SELECT failover FROM pg_replication_slots WHERE slot_name = %s", slot
             )
-            scalar(database, "SELECT pg_drop_replication_slot(%s)", slot)
-            scalar(database, "DELETE FROM cdc_relay.slot_position")
+            with psycopg.connect(database, autocommit=True) as conn:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                conn.execute("DELETE FROM cdc_relay.slot_position")
     env = relay_env(database, broker.bootstrap_servers, unique, slot_failover="auto")
     with closing(RelayProcess(env)) as relay:
         relay.start().wait_streaming()
