@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,24 +69,13 @@ class Pair:
         )
 
 
-@pytest.fixture
-def pair() -> Iterator[Pair]:
-    bindir = _bindir_17_plus()
-    primary = LocalPostgres(
-        bindir=bindir,
-        settings={
-            # The logical walsender of a failover slot sends nothing the standby lacks.
-            "synchronized_standby_slots": STANDBY_SLOT,
-            # Writers' commits are acknowledged once the standby has them: "committed" then means
-            # "survives the failover", so that every acknowledged event must reach Kafka.
-            "synchronous_standby_names": STANDBY_SLOT,
-        },
-    )
+@contextmanager
+def _pair(primary_settings: dict[str, str]) -> Iterator[Pair]:
+    primary = LocalPostgres(bindir=_bindir_17_plus(), settings=primary_settings)
     standby: LocalPostgres | None = None
     try:
         primary.start()
-        create = primary.create_database(DATABASE)
-        create_outbox(create)
+        create_outbox(primary.create_database(DATABASE))
         standby = LocalPostgres.standby_of(
             primary, STANDBY_SLOT, settings={"sync_replication_slots": "on"}, sync_dbname=DATABASE
         )
@@ -96,6 +85,19 @@ def pair() -> Iterator[Pair]:
         if standby is not None:
             standby.cleanup()
         primary.cleanup()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    settings = {
+        # The logical walsender of a failover slot sends nothing the standby lacks.
+        "synchronized_standby_slots": STANDBY_SLOT,
+        # Writers' commits are acknowledged once the standby has them: "committed" then means
+        # "survives the failover", so that every acknowledged event must reach Kafka.
+        "synchronous_standby_names": STANDBY_SLOT,
+    }
+    with _pair(settings) as made:
+        yield made
 
 
 class Writers:
@@ -328,6 +330,64 @@ def test_a_fresh_relay_accepts_a_promoted_slot_ahead_of_its_record(
     with closing(RelayProcess(env)) as relay:
         assert relay.start().wait(60) == 4, relay.logs()
         assert "ahead of the relay's recorded position" in relay.logs()
+
+
+def test_a_position_read_beyond_the_promotion_point_is_not_carried_over(
+    broker: KafkaBroker, unique: str
+) -> None:
+    """Without synchronized_standby_slots the relay may have read (and published) WAL that the
+    standby never received. The same relay process, reconnected to the promoted standby, must
+    not resume from that position — the new primary's own transactions there would be skipped —
+    but from where the new timeline began."""
+    with _pair({}) as pair:
+        slot = f"slot_{unique}"
+        topic = f"{unique}.order"
+        env = relay_env(
+            pair.hosts,
+            broker.bootstrap_servers,
+            unique,
+            reconnect_max_backoff="1",
+            plugin="pgoutput",
+        )
+        primary_url = pair.primary.url(DATABASE)
+
+        def write(url: str, first: int, count: int) -> list[str]:
+            events = [new_event(aggregate_id="a", payload={"seq": first + n}) for n in range(count)]
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SET synchronous_commit = on")
+                for event in events:
+                    with conn.transaction():
+                        insert_events(conn, [event])
+            return [e.id for e in events]
+
+        with closing(RelayProcess(env)) as relay:
+            relay.start().wait_streaming()
+            write(primary_url, 0, 20)
+            consume_all(broker.bootstrap_servers, [topic], 20, 60)
+            wait_until(
+                lambda: _synchronised(pair, slot, slot_confirmed_lsn(primary_url, slot)),
+                60,
+                "the slot synchronised to the standby",
+            )
+            pair.standby.stop()
+            lost = write(primary_url, 20, 30)  # the standby never receives these
+            assert len(consume_all(broker.bootstrap_servers, [topic], 50, 60)) >= 50
+            time.sleep(1.5)  # the relay confirms what Kafka acknowledged
+            pair.primary.kill()
+            pair.standby.start()
+            pair.standby.promote()
+            relay.wait_for_log("resuming from the promotion point", 60)
+            relay.wait_for_log("streaming", 60)
+            after = write(pair.standby.url(DATABASE), 100, 300)
+            records = consume_all(broker.bootstrap_servers, [topic], 350, 90, grace=2.0)
+            assert relay.proc is not None
+            assert relay.proc.poll() is None, relay.logs()
+        published = {(r.header("id") or b"").decode() for r in records}
+        missing = set(after) - published
+        assert not missing, f"{len(missing)} events of the new primary skipped"
+        assert set(lost) <= published  # published before the failover; gone from the database
+        seqs = _first_occurrence_order(records)["a"]
+        assert seqs == sorted(seqs)
 
 
 def test_before_17_a_failover_still_stops_the_relay(broker: KafkaBroker, unique: str) -> None:
