@@ -267,18 +267,27 @@ def check_missing_slot(slot_name: str, recorded: int | None, allow_reset: bool) 
 
 
 def resolve_start(
-    slot_name: str, slot_confirmed: int, recorded: int | None, allow_reset: bool
+    slot_name: str,
+    slot_confirmed: int,
+    recorded: int | None,
+    allow_reset: bool,
+    promoted: str | None = None,
 ) -> tuple[int, str | None]:
     """Where to start streaming an existing slot, and a warning to log (or None).
 
     ``recorded`` may be ahead of the slot (see module doc): starting at the record skips only
     transactions Kafka already acknowledged. A slot ahead of the record was recreated or advanced by
-    someone else, and the events between the two may never have reached Kafka.
+    someone else, and the events between the two may never have reached Kafka — unless it is a
+    failover slot that came through a promotion, its position from before the promotion
+    (``promoted``: the note to log, from :func:`cdc_relay.replication.failover.promoted_slot`):
+    then the record merely lags, having reached this server by physical replication.
     """
     if recorded is None or slot_confirmed == recorded:
         return slot_confirmed, None
     if slot_confirmed < recorded:
         return recorded, None
+    if promoted is not None:
+        return slot_confirmed, promoted
     gap = (
         f"replication slot {slot_name!r} is at {format_lsn(slot_confirmed)}, ahead of the "
         f"relay's recorded position {format_lsn(recorded)}: it was recreated or advanced outside "

@@ -68,6 +68,14 @@ class MissingTopics(StrEnum):
     FAIL = "fail"  # the record is refused (dead-letter or stop) with an error naming the topic
 
 
+class SlotFailover(StrEnum):
+    """Whether the relay's slot is a failover slot (PostgreSQL 17+: synchronised to standbys)."""
+
+    AUTO = "auto"  # where the server supports it
+    TRUE = "true"  # required: the relay refuses to start on PostgreSQL < 17
+    FALSE = "false"  # never asked for
+
+
 class LogFormat(StrEnum):
     PLAIN = "plain"
     JSON = "json"
@@ -260,6 +268,14 @@ class Settings(BaseSettings):
         description=(
             "Start even when the slot is missing or ahead of the relay's recorded position "
             "(accepts that events in the gap are not relayed)."
+        ),
+    )
+    slot_failover: SlotFailover = Field(
+        SlotFailover.AUTO,
+        description=(
+            "Make the slot a failover slot, synchronised to standbys (sync_replication_slots) so "
+            "that the relay follows a promotion: auto (on PostgreSQL 17+), true (refuse to start "
+            "on older servers) or false."
         ),
     )
     confirm_interval: float = Field(

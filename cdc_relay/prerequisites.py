@@ -33,6 +33,7 @@ from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
 from cdc_relay.lsn import format_lsn
+from cdc_relay.replication.failover import describe, promotion_note
 from cdc_relay.replication.source import (
     MIN_SERVER_VERSION,
     Connection,
@@ -484,8 +485,11 @@ class Prerequisites:
                 "what is missing"
             )
         confirmed = slot.confirmed_flush or 0
+        promoted = promotion_note(self.conn, settings, slot, recorded)
         try:
-            _, warning = resolve_start(name, confirmed, recorded, settings.allow_slot_reset)
+            _, warning = resolve_start(
+                name, confirmed, recorded, settings.allow_slot_reset, promoted
+            )
         except PositionMismatch as exc:
             problems.append(str(exc))
             warning = None
@@ -501,6 +505,14 @@ class Prerequisites:
         if warning:
             detail += f"; {warning}"
         return detail
+
+    def failover(self) -> str:
+        """Whether the slot follows a promotion (PostgreSQL 17+), and whether standbys are held
+        back until they have what the relay reads (``synchronized_standby_slots``)."""
+        try:
+            return describe(self.conn, self.settings, self._slot())
+        except SourceSetupError as exc:
+            raise Unmet(str(exc)) from None
 
     def slot_kind(self, slot: SlotState) -> str:
         """A logical slot for the configured plugin, in this database."""

@@ -39,6 +39,11 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
 from cdc_relay.publisher import Publisher
+from cdc_relay.replication.failover import (
+    ensure_failover,
+    promotion_note,
+    wants_failover,
+)
 from cdc_relay.replication.source import (
     SlotState,
     SourceDatabase,
@@ -47,7 +52,7 @@ from cdc_relay.replication.source import (
     retained_wal,
     slot_state,
 )
-from cdc_relay.replication.stream import ReplicationStream
+from cdc_relay.replication.stream import ReplicationStream, timeline, timeline_start
 from cdc_relay.session import Session
 from cdc_relay.sweeper import Sweeper
 from cdc_relay.topics import TopicRules
@@ -78,6 +83,7 @@ class Relay:
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
         self._confirmed: int | None = None  # acknowledged position carried across sessions
+        self._timeline: tuple[str, int] | None = None  # (system id, timeline) it was read on
         self._publisher: Publisher | None = None
         self.topic_rules = TopicRules(settings)  # the topic creation limit is per process
         self.leadership = Leadership(settings)
@@ -336,6 +342,7 @@ class Relay:
             settings.plugin.value,
         )
         require(conn, settings)
+        failover = wants_failover(conn, settings)  # exit 3 for "true" on PostgreSQL < 17
         if source.ensure_publication():
             log.info(
                 "created publication", extra={"fields": {"publication": settings.publication_name}}
@@ -343,23 +350,32 @@ class Relay:
         store = self._store(conn)
         store.ensure_table()
         recorded = store.load()
-        if self._confirmed is not None and (recorded is None or self._confirmed > recorded):
+        carried = self._carried_position()
+        if carried is not None and (recorded is None or carried > recorded):
             # What the previous session had acknowledged but not yet recorded.
-            store.save(self._confirmed)
-            recorded = self._confirmed
+            store.save(carried)
+            recorded = carried
         slot = source.slot()
         if slot is None:
             warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
-            slot = source.create_slot()
-            log.info("created replication slot", extra={"fields": {"slot": slot.name}})
+            slot = source.create_slot(failover)
+            log.info(
+                "created replication slot",
+                extra={"fields": {"slot": slot.name, "failover": failover}},
+            )
             start = slot.confirmed_flush or 0
             store.save(start, new_slot=True)
             recorded = start
         else:
             slot = self._await_free_slot(conn, slot)
             require_usable_slot(conn, settings, slot)
+            ensure_failover(conn, settings, slot)
             start, warning = resolve_start(
-                settings.slot_name, slot.confirmed_flush or 0, recorded, settings.allow_slot_reset
+                settings.slot_name,
+                slot.confirmed_flush or 0,
+                recorded,
+                settings.allow_slot_reset,
+                promotion_note(conn, settings, slot, recorded),
             )
         if warning:
             log.warning(warning)
@@ -400,6 +416,37 @@ class Relay:
         if current is None:
             raise SourceUnavailable("the replication slot disappeared while waiting for it")
         return current
+
+    def _carried_position(self) -> int | None:
+        """The previous session's acknowledged position, as far as it holds on this server.
+
+        A multi-host URL may have brought the relay to a promoted standby since. Its history is
+        the old primary's only up to the point where its timeline began: a position beyond that
+        was read from WAL this server never had, and its own transactions there must be streamed.
+        """
+        url = self.settings.database_url.get_secret_value()
+        current = timeline(url)
+        previous, self._timeline = self._timeline, current
+        position = self._confirmed
+        if position is None or previous is None or previous == current:
+            return position
+        if previous[0] != current[0]:
+            log.warning("the database URL now leads to another cluster: not carrying the position")
+            return None
+        switch = timeline_start(url, current[1], since=previous[1])
+        if switch is not None and position > switch:
+            log.warning(
+                "the server was promoted before the relay's last position: resuming from the "
+                "promotion point",
+                extra={
+                    "fields": {
+                        "acknowledged": format_lsn(position),
+                        "promoted_at": format_lsn(switch),
+                    }
+                },
+            )
+            return switch
+        return position
 
     def _drop_publisher(self, purge: bool) -> None:
         if self._publisher is not None:

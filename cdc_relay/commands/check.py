@@ -63,6 +63,7 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
             run("publication", checks.publication)
             run("slot", checks.slot)
             run("leadership", checks.leadership)
+            run("failover", checks.failover)
             run("wal2json", checks.wal2json)
     metadata: list[Any] = []
     run("broker", lambda: _broker(settings, metadata))

@@ -16,6 +16,7 @@ from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites import Prerequisites, Unmet, require
+from cdc_relay.replication.failover import wants_failover
 from cdc_relay.replication.source import (
     Connection,
     SourceDatabase,
@@ -122,7 +123,7 @@ class _Setup:
             except PositionMismatch as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             try:
-                slot = self.source.create_slot()
+                slot = self.source.create_slot(wants_failover(self.conn, settings))
             except SourceSetupError as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             start = slot.confirmed_flush or 0

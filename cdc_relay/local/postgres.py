@@ -192,12 +192,14 @@ class LocalPostgres(ThrowAway):
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
+        bindir: Path | None = None,
     ) -> None:
         super().__init__(port, base_dir)
         self._settings = dict(settings or {})
         for key in self._settings:
             if not _SETTING_NAME.match(key):
                 raise ValueError(f"invalid PostgreSQL setting name: {key!r}")
+        self._requested_bindir = bindir  # None: find_bindir()'s choice
         self._bindir: Path | None = None
         self._as_root = os.geteuid() == 0
         self._initialised = False
@@ -341,6 +343,98 @@ class LocalPostgres(ThrowAway):
             time.sleep(0.01)
         self._postmaster_pid = None
 
+    # ---------------------------------------------------------------- physical standby
+
+    @classmethod
+    def standby_of(
+        cls,
+        primary: LocalPostgres,
+        slot_name: str,
+        *,
+        settings: Mapping[str, str] | None = None,
+        sync_dbname: str = "postgres",
+    ) -> LocalPostgres:
+        """A hot standby of ``primary`` (same binaries), streaming through physical slot
+        ``slot_name``, which this creates on the primary; :meth:`start` starts it.
+
+        The data directory is a ``pg_basebackup`` of the running primary. The standby's own
+        ``postgresql.auto.conf`` replaces the copied one: its port and socket directory,
+        ``primary_conninfo`` (with ``dbname=sync_dbname`` and ``application_name=slot_name``, so
+        that ``sync_replication_slots = on`` in ``settings`` can synchronise failover slots, and
+        ``synchronous_standby_names`` on the primary can name it), ``primary_slot_name`` and
+        ``hot_standby_feedback = on``; then ``settings``. The primary's own settings are not
+        inherited (``synchronized_standby_slots`` would make a promoted standby wait for itself).
+        """
+        standby = cls(settings=settings, bindir=primary.bindir)
+        conninfo = make_conninfo(
+            host="127.0.0.1",
+            port=str(primary.port),
+            user=_SUPERUSER,
+            dbname=sync_dbname,
+            application_name=slot_name,
+        )
+        standby._settings = {
+            "primary_conninfo": conninfo,
+            "primary_slot_name": slot_name,
+            "hot_standby_feedback": "on",
+            **standby._settings,
+        }
+        with psycopg.connect(primary.url(), autocommit=True) as conn:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot_name,))
+        root = standby.directory
+        try:
+            if standby._as_root:
+                user = service_user()
+                os.chown(root, user.uid, user.gid)
+            standby._run(
+                [
+                    str(standby._bin("pg_basebackup")),
+                    "-D",
+                    str(standby.data_dir),
+                    "-d",
+                    conninfo,  # pg_basebackup ignores its dbname
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                    "--no-sync",
+                ]
+            )
+            (standby.data_dir / "standby.signal").touch()
+            standby._write_settings()
+        except BaseException:
+            standby.cleanup()
+            raise
+        standby._initialised = True
+        return standby
+
+    @property
+    def in_recovery(self) -> bool:
+        """True while the server is a standby (``pg_is_in_recovery()``)."""
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
+    def promote(self, timeout: float = _START_TIMEOUT) -> None:
+        """Promote a standby to a primary (``pg_ctl promote``) and wait until it accepts writes."""
+        self._run(
+            [
+                str(self._bin("pg_ctl")),
+                "promote",
+                "-D",
+                str(self.data_dir),
+                "-w",
+                "-t",
+                str(max(1, int(timeout))),
+            ],
+            timeout=timeout + 10,
+        )
+        deadline = time.monotonic() + timeout
+        while self.in_recovery:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"standby on port {self.port} still in recovery after promote")
+            time.sleep(0.05)
+
     def restart(self, mode: str = "fast") -> None:
         """Stop (``mode``) and start again on the same port, with the same settings."""
         self.stop(mode)
@@ -366,7 +460,7 @@ class LocalPostgres(ThrowAway):
 
     def _bin(self, name: str) -> Path:
         if self._bindir is None:
-            self._bindir = usable_bindir(find_bindir())
+            self._bindir = usable_bindir(self._requested_bindir or find_bindir())
         return self._bindir / name
 
     def _run(

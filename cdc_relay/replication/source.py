@@ -21,6 +21,7 @@ from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.stream import APPLICATION_NAME
 
 MIN_SERVER_VERSION = 140000
+FAILOVER_SERVER_VERSION = 170000  # failover slots, slot synchronisation
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -35,6 +36,8 @@ class SlotState:
     confirmed_flush: int | None
     wal_status: str | None
     retained_wal: int | None  # bytes the slot keeps on the server
+    failover: bool | None = None  # a failover slot (None: PostgreSQL < 17 has none)
+    synced: bool | None = None  # synchronised from a primary (kept after a promotion)
 
 
 def connect(database_url: str) -> Connection:
@@ -61,15 +64,22 @@ def scalar(conn: Connection, query: sql.SQL | sql.Composed | str, *params: objec
 
 def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
     """What ``pg_replication_slots`` says about ``slot_name`` (None: no such slot)."""
+    failover = sql.SQL(
+        "failover, synced"
+        if conn.info.server_version >= FAILOVER_SERVER_VERSION
+        else "NULL::bool, NULL::bool"
+    )
     row = conn.execute(
-        "SELECT slot_type, plugin, database, active_pid, confirmed_flush_lsn::text, wal_status, "
-        "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
-        "FROM pg_replication_slots WHERE slot_name = %s",
+        sql.SQL(
+            "SELECT slot_type, plugin, database, active_pid, confirmed_flush_lsn::text, "
+            "wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, {} "
+            "FROM pg_replication_slots WHERE slot_name = %s"
+        ).format(failover),
         (slot_name,),
     ).fetchone()
     if row is None:
         return None
-    kind, plugin, database, pid, confirmed, wal_status, retained = row
+    kind, plugin, database, pid, confirmed, wal_status, retained, is_failover, synced = row
     return SlotState(
         name=slot_name,
         kind=str(kind),
@@ -79,6 +89,8 @@ def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
         confirmed_flush=parse_lsn(str(confirmed)) if confirmed is not None else None,
         wal_status=str(wal_status) if wal_status is not None else None,
         retained_wal=int(str(retained)) if retained is not None else None,
+        failover=bool(is_failover) if is_failover is not None else None,
+        synced=bool(synced) if synced is not None else None,
     )
 
 
@@ -124,11 +136,19 @@ class SourceDatabase:
     def slot(self) -> SlotState | None:
         return slot_state(self._conn, self._slot)
 
-    def create_slot(self) -> SlotState:
-        try:
-            self._conn.execute(
-                "SELECT pg_create_logical_replication_slot(%s, %s)", (self._slot, self._plugin)
+    def create_slot(self, failover: bool = False) -> SlotState:
+        """Create the slot; ``failover`` (PostgreSQL 17+, see :mod:`cdc_relay.replication.failover`)
+        makes it one that standbys synchronise."""
+        query = (
+            sql.SQL(
+                "SELECT pg_create_logical_replication_slot({}, {}, temporary => false, "
+                "twophase => false, failover => true)"
             )
+            if failover
+            else sql.SQL("SELECT pg_create_logical_replication_slot({}, {})")
+        ).format(sql.Literal(self._slot), sql.Literal(self._plugin))
+        try:
+            self._conn.execute(query)
         except psycopg.errors.UndefinedFile:
             raise SourceSetupError(plugin_missing(self._plugin)) from None
         except psycopg.errors.DuplicateObject:

@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 
 from cdc_relay.database_url import PERMANENT_CONNECT_ERRORS, connect_error, is_error, scrub
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
-from cdc_relay.lsn import format_lsn
+from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.replication.protocol import standby_status_update
 
 APPLICATION_NAME = "cdc-relay"
@@ -206,3 +206,91 @@ def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
     if is_error(sqlstate, _SETUP_ERRORS):
         raise SourceSetupError(f"START_REPLICATION failed: {message}")
     raise SourceUnavailable(f"START_REPLICATION failed: {message or 'connection lost'}")
+
+
+# -- one-off replication commands -----------------------------------------------------------------
+
+
+def _command(database_url: str, command: str) -> list[tuple[bytes | None, ...]]:
+    """Run one replication command on a connection of its own; its rows, as raw values."""
+    conninfo = make_conninfo(replication_conninfo(database_url), connect_timeout="10")
+    conn = pq.PGconn.connect(conninfo.encode())
+    try:
+        if conn.status != pq.ConnStatus.OK:
+            _raise_for_connect(_text(conn.get_error_message()), conninfo)
+        result = conn.exec_(command.encode())
+        if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
+            message = _text(result.get_error_message()) or _text(conn.get_error_message())
+            failed = f"{command.split(maxsplit=1)[0]} failed: {message or 'connection lost'}"
+            if is_error(sqlstate, (errors.ObjectInUse,)):
+                raise SlotInUse(failed)
+            # syntax/access (42), object state (55), not supported (0A): for an operator
+            if is_error(sqlstate, _SETUP_ERRORS) or sqlstate[:2] in ("42", "55", "0A"):
+                raise SourceSetupError(failed)
+            raise SourceUnavailable(failed)
+        return [
+            tuple(result.get_value(row, col) for col in range(result.nfields))
+            for row in range(result.ntuples)
+        ]
+    finally:
+        conn.finish()
+
+
+def enable_failover(database_url: str, slot_name: str) -> None:
+    """Make an existing (idle) logical slot a failover slot: ``ALTER_REPLICATION_SLOT`` (PG 17+),
+    a replication command, so over a replication connection."""
+    slot = sql.Identifier(slot_name).as_string(None)
+    _command(database_url, f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true)")
+
+
+def timeline(database_url: str) -> tuple[str, int]:
+    """The server's system identifier and current timeline (``IDENTIFY_SYSTEM``): a promoted
+    standby keeps the first and starts a new second."""
+    rows = _command(database_url, "IDENTIFY_SYSTEM")
+    if not rows or rows[0][1] is None:
+        raise SourceUnavailable("IDENTIFY_SYSTEM returned no timeline")
+    return _text(rows[0][0]), int(_text(rows[0][1]))
+
+
+def timeline_start(
+    database_url: str, current: int | None = None, since: int | None = None
+) -> int | None:
+    """Where the server's history left timeline ``since`` (default: the parent of its current
+    timeline) — for a promoted standby, the WAL position at which it was promoted; None on
+    timeline 1 (a server never promoted). From ``IDENTIFY_SYSTEM`` and the ``TIMELINE_HISTORY``
+    file, which a REPLICATION role may read."""
+    timeline_id = timeline(database_url)[1] if current is None else current
+    if timeline_id <= 1:
+        return None
+    history = _command(database_url, f"TIMELINE_HISTORY {timeline_id}")
+    content = history[0][1] if history else None
+    return switch_point(bytes(content or b""), since)
+
+
+def switch_point(history: bytes, since: int | None = None) -> int | None:
+    """From a timeline history file (``<parent>\\t<lsn>\\t<reason>`` lines, possibly as bytea
+    hex text): where the history left timeline ``since`` (up to there it is that timeline's), or
+    without ``since`` the last switch, where the current timeline began. A ``since`` the file does
+    not name gives the earliest switch, the conservative answer."""
+    if history.startswith(b"\\x"):
+        try:
+            history = bytes.fromhex(history[2:].decode("ascii"))
+        except ValueError:
+            return None
+    switches: list[tuple[int, int]] = []
+    for line in history.decode("utf-8", "replace").splitlines():
+        fields = line.strip().split()
+        if len(fields) >= 2 and fields[0].isdigit():
+            try:
+                switches.append((int(fields[0]), parse_lsn(fields[1])))
+            except ValueError:
+                continue
+    if not switches:
+        return None
+    if since is None:
+        return switches[-1][1]
+    for parent, lsn in switches:
+        if parent >= since:
+            return lsn
+    return switches[0][1]

@@ -196,6 +196,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "publication",
         "slot",
         "leadership",
+        "failover",
         "broker",
         "topics",
     }
@@ -205,6 +206,8 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
     assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")
+    # Failover slots came with PostgreSQL 17: before, check says what a failover does.
+    assert "failover slot" in lines["failover"] or "has no failover slots" in lines["failover"]
 
 
 @pytest.fixture

@@ -111,6 +111,43 @@ def test_settings_override_and_context_manager() -> None:
 # ------------------------------------------------------------------------------- broker
 
 
+def test_standby_streams_and_promotes() -> None:
+    """standby_of: a hot standby made by pg_basebackup, streaming through a physical slot on the
+    primary, read-only until promote(), then a primary of its own; cleanup removes both."""
+    with LocalPostgres() as primary:
+        with psycopg.connect(primary.url(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            conn.execute("INSERT INTO t VALUES (1)")
+        standby = LocalPostgres.standby_of(primary, "harness_standby")
+        try:
+            standby.start()
+            assert standby.port != primary.port
+            assert standby.bindir == primary.bindir
+            assert standby.in_recovery
+            assert not primary.in_recovery
+            with psycopg.connect(primary.url(), autocommit=True) as conn:
+                conn.execute("INSERT INTO t VALUES (2)")
+                slot = conn.execute(
+                    "SELECT slot_type, active FROM pg_replication_slots "
+                    "WHERE slot_name = 'harness_standby'"
+                ).fetchone()
+            assert slot == ("physical", True)
+            deadline = time.monotonic() + 30
+            while _scalar(standby.url(), "SELECT count(*) FROM t") != 2:
+                assert time.monotonic() < deadline, "the standby did not replay the insert"
+                time.sleep(0.05)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                _scalar(standby.url(), "INSERT INTO t VALUES (3) RETURNING x")
+            primary.kill()
+            standby.promote()
+            assert not standby.in_recovery
+            assert _scalar(standby.url(), "INSERT INTO t VALUES (3) RETURNING x") == 3
+            directory = standby.directory
+        finally:
+            standby.cleanup()
+        assert not directory.exists()
+
+
 def test_broker_round_trip_with_headers(broker: KafkaBroker, unique: str) -> None:
     topic = f"harness-{unique}"
     broker.create_topic(topic, partitions=3)

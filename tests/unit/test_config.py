@@ -212,6 +212,7 @@ def test_config_error_is_a_relay_error_with_exit_code_2() -> None:
         ("log_level", "verbose", "CDC_RELAY_LOG_LEVEL"),
         ("log_format", "xml", "CDC_RELAY_LOG_FORMAT"),
         ("poison_policy", "ignore", "CDC_RELAY_POISON_POLICY"),
+        ("slot_failover", "maybe", "CDC_RELAY_SLOT_FAILOVER"),
         ("confirm_interval", "0", "CDC_RELAY_CONFIRM_INTERVAL"),
         ("shutdown_timeout", "-1", "CDC_RELAY_SHUTDOWN_TIMEOUT"),
         ("producer_queue_max_messages", "0", "CDC_RELAY_PRODUCER_QUEUE_MAX_MESSAGES"),
