@@ -27,7 +27,13 @@ def test_ci_runs_the_postgresql_18_tier_the_readme_describes() -> None:
     ci = (REPO / ".ci" / "run").read_text()
     assert "wheel_bindirs()[18]" in ci
     assert "wheel_bindirs()[18]" in README
-    for tier in ("test_relay.py", "test_relay_faults.py", "test_sweeper.py", "test_admin.py"):
+    for tier in (
+        "test_relay.py",
+        "test_relay_faults.py",
+        "test_sweeper.py",
+        "test_admin.py",
+        "test_high_availability.py",
+    ):
         assert f"tests/integration/{tier}" in ci, tier
 
 
