@@ -46,13 +46,15 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.cli import tune_garbage_collector
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
-from cdc_relay.errors import StopSession
+from cdc_relay.errors import RelayError, StopSession
 from cdc_relay.local import LocalBroker, LocalPostgres
+from cdc_relay.observability.stats import RelayStats
+from cdc_relay.observability.tracing import Tracing
 from cdc_relay.publisher import Publisher
-from cdc_relay.relay import Relay
 from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_PAYLOAD_OFFSET
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.session import Session
+from cdc_relay.topics import TopicRules
 
 DRAIN_BYTES = 16 * 1024  # libpq reads about this much at a time: the loop sees it run out
 _LENGTH = struct.Struct(">I")
@@ -115,19 +117,37 @@ def load_frames(path: Path) -> list[bytes]:
     return frames
 
 
+class ReplayOwner:
+    """The relay as the replayed session sees it: one process, so always the leader."""
+
+    leading = True
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.failure: RelayError | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def fail(self, error: RelayError) -> None:
+        self.failure = error
+        self.stopping = True
+
+
 class FrameFeed:
     """Stands in for ReplicationStream: the recorded messages, running out every ~16 KB."""
 
-    def __init__(self, frames: list[bytes], relay: Relay) -> None:
+    def __init__(self, frames: list[bytes], owner: ReplayOwner) -> None:
         self._frames = frames
-        self._relay = relay
+        self._owner = owner
         self._next = 0
         self._since_drain = 0
         self.status_updates = 0
 
     def read(self) -> memoryview | None:
         if self._next >= len(self._frames):
-            self._relay.request_stop()  # all replayed: the session unwinds
+            self._owner.stopping = True  # all replayed: the session unwinds
             return None
         if self._since_drain >= DRAIN_BYTES:
             self._since_drain = 0
@@ -153,19 +173,19 @@ def replay_once(
     frames: list[bytes], settings: Settings, toggle: list[str] | None = None
 ) -> dict[str, float]:
     """One replay through a fresh session; CPU of the main thread and the process, per event."""
-    relay = Relay(settings)
-    publisher = Publisher(settings.producer_config(), relay.stats)
+    owner, stats = ReplayOwner(), RelayStats()
+    publisher = Publisher(settings.producer_config(), stats)
     url = settings.database_url.get_secret_value()
     with psycopg.connect(url, autocommit=True) as conn:
         store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
         store.ensure_table()
-        feed = FrameFeed(frames, relay)
+        feed = FrameFeed(frames, owner)
         session = Session(
-            relay,
+            owner,
             settings,
-            relay.stats,
-            relay.tracing,
-            relay.topic_rules,
+            stats,
+            Tracing(),
+            TopicRules(settings),
             source=feed,  # the recording stands in for the server
             sink=publisher,
             store=store,
@@ -185,7 +205,7 @@ def replay_once(
         wall = time.perf_counter() - wall
         if toggle:
             subprocess.run([*toggle, "off", str(os.getpid())], check=True, capture_output=True)
-    published = relay.stats.published
+    published = stats.published
     publisher.close(purge=False)
     if published != events_in(frames):
         raise RuntimeError(f"replayed {events_in(frames)} events but {published} were acknowledged")
