@@ -11,6 +11,7 @@ may never have been relayed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,9 +22,10 @@ from cdc_relay.config import sql_name
 from cdc_relay.ddl import ROLE_SQL, STATE_SQL, state_table_ddl
 from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 
 STATE_TABLE = "slot_position"
-STATE_COLUMNS = ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid")
+STATE_COLUMNS = ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid", "acked_offsets")
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
@@ -76,7 +78,7 @@ class CheckpointStore(Protocol):
 
     def load(self) -> int | None: ...
 
-    def save(self, lsn: int) -> None: ...
+    def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None: ...
 
 
 class PostgresCheckpointStore:
@@ -157,17 +159,35 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return parse_lsn(str(row[0])) if row else None
 
-    def save(self, lsn: int, new_slot: bool = False) -> None:
-        """Record ``lsn``. With ``new_slot`` (the slot was just created) the sweep boundary is
-        set afresh; otherwise it is set only when missing."""
+    def save(
+        self,
+        lsn: int,
+        offsets: Mapping[tuple[str, int], int] | None = None,
+        new_slot: bool = False,
+    ) -> None:
+        """Record ``lsn``, and with ``offsets`` the acknowledged offset per partition at or below
+        it (without, the recorded offsets stay: older ones only make a start read more). With
+        ``new_slot`` (the slot was just created) the sweep boundary is set afresh and the offsets
+        are cleared; otherwise the boundary is set only when missing."""
         query = sql.SQL(
-            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
-            "VALUES (%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())) "
+            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid, acked_offsets) "
+            "VALUES (%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb) "
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
             "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
-            "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END"
+            "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
+            "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
+            "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END"
         ).format(self._table)
-        self._run(query, (self._slot, format_lsn(lsn), new_slot))
+        encoded = encode_offsets(offsets).decode() if offsets is not None else None
+        self._run(query, (self._slot, format_lsn(lsn), encoded, new_slot, new_slot))
+
+    def load_offsets(self) -> Offsets | None:
+        """The acknowledged offsets recorded with the position (None: none, or unreadable)."""
+        query = sql.SQL("SELECT acked_offsets::text FROM {} WHERE slot_name = %s").format(
+            self._table
+        )
+        row = self._run(query, (self._slot,)).fetchone()
+        return decode_offsets(row[0]) if row else None
 
     def load_sweep_boundary(self) -> int | None:
         """The first transaction id whose outbox rows the slot is sure to have streamed.

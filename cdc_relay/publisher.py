@@ -129,11 +129,14 @@ class DeliveryTracker:
         observe = stats.latency.observe
         commit_time = txn.commit_time
         now = time.time
+        offsets = txn.offsets
 
         def on_delivery(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err is None:
                 txn.pending -= 1
                 self.acked += 1
+                # In order per partition: the last report is the transaction's highest offset.
+                offsets[topic, msg.partition()] = msg.offset()
                 if dead_letter:
                     stats.dead_lettered += 1
                 else:

@@ -5,9 +5,11 @@ acknowledged position, reads messages in commit order and publishes every outbox
 :mod:`cdc_relay.confirmation` confirms the contiguous watermark (first to the relay's own record,
 then to the slot). A lost PostgreSQL connection or a Kafka producer that stops making progress
 ends the session; the next one starts, after a backoff, from the position everything before which
-Kafka acknowledged — so a failure costs duplicates of the unconfirmed tail at most, never a lost
-event. What the relay cannot fix (configuration, prerequisites, a poison record under ``stop``)
-ends :meth:`Relay.run` with the project's error, whose exit code the CLI returns.
+Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
+an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
+that those events are not published twice. What the relay cannot fix (configuration,
+prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
+whose exit code the CLI returns.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from cdc_relay.observability.metrics import RelayMetrics
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
-from cdc_relay.publisher import Publisher
+from cdc_relay.publisher import Publisher, admin_config
+from cdc_relay.reconcile import Offsets, Reconciliation, reconcile_with_kafka
 from cdc_relay.replication.source import (
     SourceDatabase,
     connect,
@@ -71,6 +74,7 @@ class Relay:
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
         self._confirmed: int | None = None  # acknowledged position carried across sessions
+        self._offsets: Offsets | None = None  # and the acknowledged offsets at that position
         self._publisher: Publisher | None = None
         self.topic_rules = TopicRules(settings)  # the topic creation limit is per process
 
@@ -189,6 +193,18 @@ class Relay:
         with connect(url) as conn:
             start = self._prepare(conn)
             store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+            offsets = store.load_offsets()
+            reconciliation: Reconciliation | None = None
+            if settings.reconcile:
+                # The previous incarnation is gone (killed, or this process's purged producer):
+                # what it delivered after ``start`` is all in Kafka now.
+                reconciliation = reconcile_with_kafka(
+                    admin_config(settings.producer_config()),
+                    settings.slot_name,
+                    start,
+                    offsets,
+                    settings.reconcile_timeout,
+                )
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(
@@ -217,6 +233,8 @@ class Relay:
                 start=start,
                 heartbeat=lambda: emit_heartbeat(conn),
                 retained_wal=lambda: retained_wal(conn, settings.slot_name),
+                offsets=offsets,
+                reconciliation=reconciliation,
             )
             try:
                 session.stream()
@@ -228,6 +246,7 @@ class Relay:
                 raise
             finally:
                 self._confirmed = session.confirmer.acknowledged()
+                self._offsets = dict(session.watermark.offsets)
                 self.stats.streaming = False
                 stream.close()
 
@@ -251,7 +270,7 @@ class Relay:
         recorded = store.load()
         if self._confirmed is not None and (recorded is None or self._confirmed > recorded):
             # What the previous session had acknowledged but not yet recorded.
-            store.save(self._confirmed)
+            store.save(self._confirmed, self._offsets)
             recorded = self._confirmed
         slot = source.slot()
         if slot is None:

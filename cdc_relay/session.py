@@ -7,7 +7,9 @@ Everything else is somebody else's answer, called from here:
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
 - what happens to a poison row: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
-- stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`.
+- stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`;
+- which replayed events an earlier incarnation already got into Kafka: :mod:`cdc_relay.reconcile`
+  (every record carries its position header; an event found there is counted, not re-sent).
 
 Its collaborators are typed as the small Protocols below (the replication stream, the Kafka
 sink, the position store), so the unit tests drive the loop with fakes (``tests/fakes.py``).
@@ -52,6 +54,7 @@ from cdc_relay.publisher import (
     TransactionCallback,
     refusal,
 )
+from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
     KEEPALIVE_WAL_END,
@@ -120,6 +123,8 @@ class Session:
         start: int,
         heartbeat: Callable[[], None],
         retained_wal: Callable[[], int | None],
+        offsets: dict[tuple[str, int], int] | None = None,
+        reconciliation: Reconciliation | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -137,8 +142,14 @@ class Session:
             stats,
             confirm_interval=settings.confirm_interval,
             idle_confirm_interval=settings.idle_confirm_interval,
+            offsets=offsets,
         )
         self.watermark = self.confirmer.watermark
+        self.slot_name = settings.slot_name
+        # Events of the replayed window already in Kafka; None once the stream is past them.
+        self.in_kafka: Reconciliation | None = (
+            reconciliation if reconciliation is not None and reconciliation.found else None
+        )
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
         self.poison = PoisonPolicyHandler(
@@ -207,7 +218,9 @@ class Session:
                             self.ignore(message.relation_id)
                     elif isinstance(message, Begin):
                         txn = watermark.open(
-                            message.final_lsn, postgres_time_to_unix(message.commit_ts)
+                            message.final_lsn,
+                            postgres_time_to_unix(message.commit_ts),
+                            position_prefix(self.slot_name, message.final_lsn),
                         )
                         callback = None
                     elif isinstance(message, Commit):
@@ -289,16 +302,23 @@ class Session:
         txn: PendingTransaction,
         callback: TransactionCallback,
     ) -> None:
+        # The event's place in the WAL, unique per slot: counted for every event, mapped or not,
+        # so that a replay numbers them the same.
+        txn.events += 1
+        position = b"%b%d" % (txn.position, txn.events)
         try:
             record = mapping.map(source)
         except MalformedEvent as exc:
-            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id)
+            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
-            self.refuse_unmapped(mapping, source, txn, reason, None)
+            self.refuse_unmapped(mapping, source, txn, reason, None, position=position)
             return
         topic, key, value, headers, event_id, traceparent = record
+        headers.append((POSITION_HEADER, position))
+        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+            return
         if topic not in self.known_topics:
             try:
                 self.ensure_topic(topic)
@@ -343,8 +363,12 @@ class Session:
         txn: PendingTransaction,
         reason: str,
         event_id: str | None,
+        *,
+        position: bytes,
     ) -> None:
         """A row (or message) that breaks the contract: its dead-letter value is the row itself."""
+        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+            return
         try:
             row: bytes | None = mapping.describe_row(source)
         except Exception as exc:  # the row is hostile to describing too: say so instead
@@ -358,9 +382,28 @@ class Session:
                 code=MALFORMED,
                 event_id=event_id,
                 value=row,
-                headers=[],
+                headers=[(POSITION_HEADER, position)],
             )
         )
+
+    def already_in_kafka(
+        self, txn: PendingTransaction, position: bytes, event_id: str | None
+    ) -> bool:
+        """During the replayed window: was this event read back from Kafka at the start? Then it
+        counts as delivered (its transaction waits for nothing) and is not produced again."""
+        found = self.in_kafka
+        assert found is not None
+        if txn.commit_lsn > found.highest_lsn:
+            self.in_kafka = None  # past everything found: the hot path looks nothing up again
+            log.info(
+                "past the events found in Kafka at the start",
+                extra={"fields": {"skipped": self.stats.skipped_in_kafka}},
+            )
+            return False
+        if found.in_kafka(position, event_id):
+            self.stats.skipped_in_kafka += 1
+            return True
+        return False
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""

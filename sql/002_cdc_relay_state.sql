@@ -11,3 +11,7 @@ CREATE TABLE IF NOT EXISTS cdc_relay.slot_position (
 -- The first transaction id whose outbox rows the slot is sure to stream: set when the slot is
 -- created. The sweeper never deletes rows of older transactions (they may predate the slot).
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_from_xid xid8;
+-- Per topic-partition, the offset of the last record Kafka acknowledged at or below confirmed_lsn
+-- (a JSON object: topic -> partition -> offset): where a start reads Kafka back from to find the events an
+-- earlier run already delivered after that position, so that they are not published twice.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS acked_offsets jsonb;

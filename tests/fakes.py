@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,11 @@ class FakeStore:
     def __init__(self, journal: list[Any]) -> None:
         self._journal = journal
         self.saved: list[int] = []
+        self.offsets: list[dict[tuple[str, int], int]] = []
 
-    def save(self, lsn: int) -> None:
+    def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         self.saved.append(lsn)
+        self.offsets.append(dict(offsets or {}))
         self._journal.append(("record", lsn))
 
 
