@@ -25,7 +25,14 @@ from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 
 STATE_TABLE = "slot_position"
-STATE_COLUMNS = ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid", "acked_offsets")
+STATE_COLUMNS = (
+    "slot_name",
+    "confirmed_lsn",
+    "updated_at",
+    "sweep_from_xid",
+    "acked_offsets",
+    "written_from",
+)
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
@@ -176,18 +183,28 @@ class PostgresCheckpointStore:
             "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
             "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
             "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
-            "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END"
+            "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END, "
+            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END"
         ).format(self._table)
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
-        self._run(query, (self._slot, format_lsn(lsn), encoded, new_slot, new_slot))
+        self._run(query, (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot))
 
-    def load_offsets(self) -> Offsets | None:
-        """The acknowledged offsets recorded with the position (None: none, or unreadable)."""
-        query = sql.SQL("SELECT acked_offsets::text FROM {} WHERE slot_name = %s").format(
+    def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
+        """The acknowledged offsets recorded with the position, and the offsets noted before
+        first writes (each None: none recorded, or unreadable)."""
+        query = sql.SQL(
+            "SELECT acked_offsets::text, written_from::text FROM {} WHERE slot_name = %s"
+        ).format(self._table)
+        row = self._run(query, (self._slot,)).fetchone()
+        return (decode_offsets(row[0]), decode_offsets(row[1])) if row else (None, None)
+
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Per partition the relay is about to write for the first time since the recorded
+        position, an offset at or below its end: where a start reads it back from."""
+        query = sql.SQL("UPDATE {} SET written_from = %s::jsonb WHERE slot_name = %s").format(
             self._table
         )
-        row = self._run(query, (self._slot,)).fetchone()
-        return decode_offsets(row[0]) if row else None
+        self._run(query, (encode_offsets(offsets).decode(), self._slot))
 
     def load_sweep_boundary(self) -> int | None:
         """The first transaction id whose outbox rows the slot is sure to have streamed.

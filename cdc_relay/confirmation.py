@@ -44,6 +44,9 @@ class PositionStore(Protocol):
     def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         """Record ``lsn``; with ``offsets`` also the acknowledged offset of each partition."""
 
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Before a first write to partitions with no acknowledged offset: where they end now."""
+
 
 class SlotFeedback(Protocol):
     """The replication connection's standby status update."""

@@ -20,9 +20,14 @@ offset missing or not ours (a broker that lost data, a topic recreated), an end 
 time, a read error — makes the whole reconciliation skip nothing, and says so: at-least-once is
 the fallback, never a gap.
 
-What it does not see (those events are published again: a duplicate, never a loss): records in a
-partition the relay had no acknowledged record in at P (a new topic or partition), records a hung
-earlier incarnation writes after this read, dead letters whose headers were cut to fit.
+A partition the relay had no acknowledged record in at P (a topic created since, a partition never
+written): before a session first writes a topic, it notes for each such partition an offset at or
+below its end (ListOffsets "latest": exact on Kafka, lower on some brokers — reading a little more
+is harmless), and the start reads those partitions from there.
+
+What it does not see (those events are published again: a duplicate, never a loss): records a
+hung earlier incarnation writes after this read, records of a partition whose note could not be
+taken, dead letters whose headers were cut to fit, anything when the read is in doubt.
 """
 
 from __future__ import annotations
@@ -153,45 +158,63 @@ def _header(headers: Iterable[tuple[str, bytes | None]], name: str) -> bytes | N
     return value
 
 
+def read_starts(
+    offsets: Mapping[tuple[str, int], int], noted: Mapping[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
+    """Where to start reading each partition: at its acknowledged offset (that record is read
+    too, to check it), else at the offset noted before the relay first wrote it."""
+    return {**{k: v for k, v in noted.items() if k not in offsets}, **offsets}
+
+
 def reconcile(
     slot: str,
     recorded_lsn: int,
     offsets: Mapping[tuple[str, int], int],
     read: Mapping[tuple[str, int], list[ReadBack]],
     ended: Iterable[tuple[str, int]],
+    *,
+    noted: Mapping[tuple[str, int], int] | None = None,
 ) -> Reconciliation:
     """Which positions are provably in Kafka, from what was read.
 
-    ``offsets``: the recorded acknowledged offset per partition; ``read``: what was fetched from
-    each partition, starting at that offset; ``ended``: the partitions read to their end. The
-    record at the recorded offset must be there and be this slot's, at or below ``recorded_lsn``:
-    otherwise the partition is not what the relay left, and nothing at all is skipped.
+    ``offsets``: the recorded acknowledged offset per partition; ``noted``: for partitions with
+    none, an offset at or below the relay's first record there (noted before it wrote there);
+    ``read``: what was fetched from each partition from :func:`read_starts`; ``ended``: the
+    partitions read to their end. The record at an acknowledged offset must be there and be this
+    slot's, at or below ``recorded_lsn``: otherwise the partition is not what the relay left, and
+    nothing at all is skipped.
     """
-    result = Reconciliation(partitions=len(offsets))
+    starts = read_starts(offsets, noted or {})
+    result = Reconciliation(partitions=len(starts))
     ended = set(ended)
     found: dict[bytes, bytes | None] = {}
     highest = 0
-    for (topic, partition), acked in offsets.items():
+    for (topic, partition), start in starts.items():
         records = read.get((topic, partition), [])
         result.records_read += len(records)
         where = f"{topic}[{partition}]"
         if (topic, partition) not in ended:
             return _doubt(result, f"{where} was not read to its end")
-        if not records or records[0].offset != acked:
-            return _doubt(
-                result,
-                f"{where} has no record at the acknowledged offset {acked}: "
-                "the broker lost data, or the topic was recreated",
-            )
-        first = _position(records[0], slot)
-        if first is None or first[1] > recorded_lsn:
-            return _doubt(
-                result,
-                f"{where}'s record at the acknowledged offset {acked} is not this relay's "
-                f"(at or below {format_lsn(recorded_lsn)})",
-            )
-        previous = acked
-        for record in records[1:]:
+        if (topic, partition) in offsets:
+            if not records or records[0].offset != start:
+                return _doubt(
+                    result,
+                    f"{where} has no record at the acknowledged offset {start}: "
+                    "the broker lost data, or the topic was recreated",
+                )
+            first = _position(records[0], slot)
+            if first is None or first[1] > recorded_lsn:
+                return _doubt(
+                    result,
+                    f"{where}'s record at the acknowledged offset {start} is not this relay's "
+                    f"(at or below {format_lsn(recorded_lsn)})",
+                )
+            candidates = records[1:]
+            previous = start
+        else:
+            candidates = records
+            previous = start - 1
+        for record in candidates:
             if record.offset <= previous or record.topic != topic:
                 return _doubt(result, f"{where} returned records out of order")
             previous = record.offset
@@ -298,19 +321,23 @@ def reconcile_with_kafka(
     client_config: Mapping[str, Any],
     slot: str,
     recorded_lsn: int,
+    *,
     offsets: Mapping[tuple[str, int], int] | None,
+    noted: Mapping[tuple[str, int], int] | None,
     timeout: float,
 ) -> Reconciliation:
     """Read the unconfirmed window back from Kafka and decide (logs what it found or doubts)."""
     started = time.monotonic()
-    if offsets is None:
-        log.info("nothing to reconcile: no acknowledged offsets recorded with the position")
+    if offsets is None and not noted:
+        log.info("nothing to reconcile: no offsets recorded with the position")
         return Reconciliation()
-    read, ended, error = read_partitions(client_config, offsets, timeout)
+    offsets = offsets or {}
+    starts = read_starts(offsets, noted or {})
+    read, ended, error = read_partitions(client_config, starts, timeout)
     if error is not None:
-        result = _doubt(Reconciliation(partitions=len(offsets)), f"reading failed: {error}")
+        result = _doubt(Reconciliation(partitions=len(starts)), f"reading failed: {error}")
     else:
-        result = reconcile(slot, recorded_lsn, offsets, read, ended)
+        result = reconcile(slot, recorded_lsn, offsets, read, ended, noted=noted)
     fields = {
         "partitions": result.partitions,
         "records_read": sum(len(r) for r in read.values()),

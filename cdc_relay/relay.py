@@ -193,7 +193,7 @@ class Relay:
         with connect(url) as conn:
             start = self._prepare(conn)
             store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
-            offsets = store.load_offsets()
+            offsets, noted = store.load_offsets()
             reconciliation: Reconciliation | None = None
             if settings.reconcile:
                 # The previous incarnation is gone (killed, or this process's purged producer):
@@ -202,8 +202,9 @@ class Relay:
                     admin_config(settings.producer_config()),
                     settings.slot_name,
                     start,
-                    offsets,
-                    settings.reconcile_timeout,
+                    offsets=offsets,
+                    noted=noted,
+                    timeout=settings.reconcile_timeout,
                 )
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
@@ -235,6 +236,7 @@ class Relay:
                 retained_wal=lambda: retained_wal(conn, settings.slot_name),
                 offsets=offsets,
                 reconciliation=reconciliation,
+                noted=noted,
             )
             try:
                 session.stream()

@@ -40,7 +40,13 @@ from cdc_relay.decode.messages import (
     Relation,
     StreamStart,
 )
-from cdc_relay.errors import ProtocolError, RelayError, SinkUnavailable, StopSession
+from cdc_relay.errors import (
+    ProtocolError,
+    RelayError,
+    SinkUnavailable,
+    SourceUnavailable,
+    StopSession,
+)
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
@@ -63,7 +69,7 @@ from cdc_relay.replication.protocol import (
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
-from cdc_relay.topics import TopicAdmin, TopicRules
+from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -93,6 +99,8 @@ class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
     def in_flight(self) -> int: ...
 
     def check_fatal(self) -> None: ...
+
+    def partition_ends(self, topic: str) -> dict[int, int]: ...
 
 
 class SessionOwner(Protocol):
@@ -125,6 +133,7 @@ class Session:
         retained_wal: Callable[[], int | None],
         offsets: dict[tuple[str, int], int] | None = None,
         reconciliation: Reconciliation | None = None,
+        noted: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -145,13 +154,19 @@ class Session:
             offsets=offsets,
         )
         self.watermark = self.confirmer.watermark
+        self.store = store
         self.slot_name = settings.slot_name
+        # Partitions without an acknowledged offset: where they ended before the first write.
+        self.noted: dict[tuple[str, int], int] | None = (
+            dict(noted or {}) if settings.reconcile else None
+        )
         # Events of the replayed window already in Kafka; None once the stream is past them.
         self.in_kafka: Reconciliation | None = (
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
+        self.noted_topics: set[str] = set()  # topics whose partitions this session noted
         self.poison = PoisonPolicyHandler(
             settings,
             sink,
@@ -408,7 +423,34 @@ class Session:
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
         self.topic_rules.ensure(self.sink, topic, event=event, serve=self.serve_while_waiting)
+        if self.noted is not None:
+            self.note_partitions(topic)
         self.known_topics.add(topic)
+
+    def note_partitions(self, topic: str) -> None:
+        """Before the first record to ``topic``: note where its partitions without an
+        acknowledged offset end, so that a start after a crash reads them back from there
+        (:mod:`cdc_relay.reconcile`). Failing costs duplicates only, so it is not fatal."""
+        assert self.noted is not None
+        offsets = self.watermark.offsets
+        if topic in self.noted_topics:
+            return
+        try:
+            ends = wait_serving(
+                in_background(self.sink.partition_ends, topic), self.serve_while_waiting
+            )
+            noted = {key: value for key, value in self.noted.items() if key not in offsets}
+            noted.update(((topic, p), end) for p, end in ends.items() if (topic, p) not in offsets)
+            if noted != self.noted:
+                self.store.note_written_from(noted)
+                self.noted = noted
+        except (SinkUnavailable, SourceUnavailable) as exc:
+            log.warning(
+                "cannot note where the topic's partitions end: after a crash, its records "
+                "may be published twice",
+                extra={"fields": {"topic": topic, "error": str(exc)}},
+            )
+        self.noted_topics.add(topic)
 
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""

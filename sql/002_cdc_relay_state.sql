@@ -15,3 +15,6 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_from_xid xid8
 -- (a JSON object: topic -> partition -> offset): where a start reads Kafka back from to find the events an
 -- earlier run already delivered after that position, so that they are not published twice.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS acked_offsets jsonb;
+-- Per partition the relay had no acknowledged record in at confirmed_lsn, an offset at or below
+-- its end taken before the relay first wrote there: where a start reads it back from.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS written_from jsonb;

@@ -23,7 +23,7 @@ def test_the_default_state_schema_renders_the_file_unchanged() -> None:
 
 def test_another_state_schema_is_an_exact_identifier_everywhere() -> None:
     text = state_table_ddl('My"Schema').as_string(None)
-    assert text.count('"My""Schema"') == 4  # CREATE SCHEMA, CREATE TABLE, 2 x ALTER TABLE
+    assert text.count('"My""Schema"') == 5  # CREATE SCHEMA, CREATE TABLE, 3 x ALTER TABLE
     assert "cdc_relay" not in text
 
 
