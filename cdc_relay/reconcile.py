@@ -141,6 +141,9 @@ class Reconciliation:
     doubt: str | None = None
     partitions: int = 0
     records_read: int = 0
+    # Noted partitions read to their end without a record of ours after the recorded position:
+    # their note may move to where the read ended (anything later was written after it).
+    renoted: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def in_kafka(self, position: bytes, event_id: str | None) -> bool:
         """Whether the event at ``position`` with ``event_id`` was read back from Kafka (a record
@@ -214,6 +217,7 @@ def reconcile(
         else:
             candidates = records
             previous = start - 1
+        ours_before = len(found)
         for record in candidates:
             if record.offset <= previous or record.topic != topic:
                 return _doubt(result, f"{where} returned records out of order")
@@ -230,6 +234,8 @@ def reconcile(
                 return _doubt(result, f"position {value.decode()} found twice with other ids")
             found[value] = event_id
             highest = max(highest, position[1])
+        if (topic, partition) not in offsets and len(found) == ours_before:
+            result.renoted[topic, partition] = max(start, previous + 1)
     result.found = found
     result.highest_lsn = highest
     return result
@@ -247,6 +253,7 @@ def _position(record: ReadBack, slot: str) -> tuple[str, int, int] | None:
 
 def _doubt(result: Reconciliation, reason: str) -> Reconciliation:
     result.found = {}
+    result.renoted = {}
     result.highest_lsn = 0
     result.doubt = reason
     return result

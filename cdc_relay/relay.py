@@ -206,6 +206,9 @@ class Relay:
                     noted=noted,
                     timeout=settings.reconcile_timeout,
                 )
+                if noted and reconciliation.renoted:
+                    noted = {**noted, **reconciliation.renoted}
+                    store.note_written_from(noted)
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(

@@ -440,7 +440,12 @@ class Session:
                 in_background(self.sink.partition_ends, topic), self.serve_while_waiting
             )
             noted = {key: value for key, value in self.noted.items() if key not in offsets}
-            noted.update(((topic, p), end) for p, end in ends.items() if (topic, p) not in offsets)
+            # An existing note stays: the records of an earlier incarnation may follow it.
+            noted.update(
+                ((topic, p), end)
+                for p, end in ends.items()
+                if (topic, p) not in offsets and (topic, p) not in noted
+            )
             if noted != self.noted:
                 self.store.note_written_from(noted)
                 self.noted = noted

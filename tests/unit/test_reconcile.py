@@ -216,3 +216,29 @@ def test_what_is_found_was_read_back_and_is_this_slots_after_the_recording(
         assert set(result.found) == expected
     else:  # the same position with two ids: nothing
         assert result.found == {}
+
+
+def test_a_noted_partition_is_read_from_its_note_without_a_check() -> None:
+    records = [ReadBack("t", 1, 3, (("id", b"x"),)), ours(4, RECORDED + 8, 1, "b")]
+    records = [ReadBack("t", 1, r.offset, r.headers) for r in records]
+    result = reconcile(
+        SLOT,
+        RECORDED,
+        {},
+        {("t", 1): records},
+        [("t", 1), ("t", 2)],
+        noted={("t", 1): 3, ("t", 2): 7},
+    )
+    assert result.doubt is None
+    assert set(result.found) == {position(RECORDED + 8, 1)}
+    # Only the partition without a record of ours may move its note on, to where the read ended.
+    assert result.renoted == {("t", 2): 7}
+
+
+def test_an_acknowledged_offset_wins_over_a_note() -> None:
+    records = [ours(5, RECORDED, 1, "a"), ours(6, RECORDED + 8, 1, "b")]
+    result = reconcile(
+        SLOT, RECORDED, {("t", 0): 5}, {("t", 0): records}, [("t", 0)], noted={("t", 0): 0}
+    )
+    assert set(result.found) == {position(RECORDED + 8, 1)}
+    assert result.renoted == {}
