@@ -287,3 +287,69 @@ def test_a_broker_that_lost_data_gets_everything_again_and_a_warning(
         relay.close()
     assert "skips nothing" in logs, logs
     assert sorted(_ids(records)) == sorted(e.id for e in after)
+
+
+MILLION = 1_000_000
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput"], indirect=True)
+def test_start_up_reads_the_unconfirmed_window_not_the_topic(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    started = time.monotonic()
+    filler = Producer(
+        {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50, "batch.size": 1_000_000}
+    )
+    value = b"x" * 100
+    for i in range(MILLION):
+        while True:
+            try:
+                filler.produce(topic, value, b"k%d" % (i % 1000))
+                break
+            except BufferError:
+                filler.poll(0.05)
+        if i % 10_000 == 0:
+            filler.poll(0)
+    assert filler.flush(120) == 0
+    print(f"\n{MILLION} records written by another producer in {time.monotonic() - started:.1f}s")
+
+    env = relay_env(database, broker.bootstrap_servers, unique)
+    slot = f"slot_{unique}"
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [[new_event(aggregate_id=f"a-{i}")] for i in range(200)])
+        wait_until(
+            lambda: bool(
+                scalar(
+                    database,
+                    "SELECT acked_offsets IS NOT NULL FROM cdc_relay.slot_position "
+                    "WHERE slot_name = %s",
+                    slot,
+                )
+            ),
+            30,
+            "a confirmation recording the acknowledged offsets",
+        )
+        write_transactions(database, [[new_event(aggregate_id=f"a-{i}")] for i in range(300)])
+        time.sleep(0.3)
+        relay.kill()
+    finally:
+        relay.close()
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming(60)
+        logs = relay.logs()
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    seconds = _field(logs, "reconciled with Kafka", "seconds")
+    read = _field(logs, "reconciled with Kafka", "records_read")
+    assert seconds is not None, logs
+    assert read is not None
+    print(f"start-up reconciliation with {MILLION} records in the topic: {seconds}s, {read} read")
+    assert int(read) < 20_000, "bounded by the unconfirmed window, not by the topic"
