@@ -287,6 +287,7 @@ def read_partitions(
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
             "isolation.level": "read_uncommitted",
+            "fetch.wait.max.ms": 20,  # the end is known when a fetch returns: don't linger
             "logger": logging.getLogger("cdc_relay.kafka"),
         }
     )
