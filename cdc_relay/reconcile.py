@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,6 +266,7 @@ def read_partitions(
     client_config: Mapping[str, Any],
     offsets: Mapping[tuple[str, int], int],
     timeout: float,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> tuple[dict[tuple[str, int], list[ReadBack]], set[tuple[str, int]], str | None]:
     """Fetch each partition from its offset to its end (the partition-EOF event: the fetch
     response's high watermark, right even where ListOffsets is not). Returns what was read, the
@@ -295,7 +296,7 @@ def read_partitions(
     try:
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
         deadline = time.monotonic() + timeout
-        while len(ended) < len(offsets) and time.monotonic() < deadline:
+        while len(ended) < len(offsets) and time.monotonic() < deadline and not stopping():
             messages = consumer.consume(1000, POLL_TIMEOUT)
             for message in messages:
                 key = (str(message.topic()), int(message.partition() or 0))
@@ -333,6 +334,7 @@ def reconcile_with_kafka(
     offsets: Mapping[tuple[str, int], int] | None,
     noted: Mapping[tuple[str, int], int] | None,
     timeout: float,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Reconciliation:
     """Read the unconfirmed window back from Kafka and decide (logs what it found or doubts)."""
     started = time.monotonic()
@@ -341,7 +343,7 @@ def reconcile_with_kafka(
         return Reconciliation()
     offsets = offsets or {}
     starts = read_starts(offsets, noted or {})
-    read, ended, error = read_partitions(client_config, starts, timeout)
+    read, ended, error = read_partitions(client_config, starts, timeout, stopping)
     if error is not None:
         result = _doubt(Reconciliation(partitions=len(starts)), f"reading failed: {error}")
     else:

@@ -205,6 +205,7 @@ class Relay:
                     offsets=offsets,
                     noted=noted,
                     timeout=settings.reconcile_timeout,
+                    stopping=lambda: self.stopping,  # a stop does not wait for the read
                 )
                 if noted and reconciliation.renoted:
                     noted = {**noted, **reconciliation.renoted}

@@ -271,6 +271,8 @@ def test_every_record_carries_its_position_and_the_record_its_offsets() -> None:
     assert sorted(p[1] for p in parsed if p) == sorted({p[1] for p in parsed if p})
     assert harness.store.saved[-1] == commits[-1]
     assert set(harness.store.offsets[-1]) == {(TOPIC_ORDER, 0), (TOPIC_CITY, 0)}
+    # Before the first record to each topic, where its partitions ended (none acknowledged yet).
+    assert harness.store.noted == {(TOPIC_ORDER, 0): 0, (TOPIC_CITY, 0): 0}
 
 
 def _found_first_event(event_id: bytes) -> Reconciliation:
