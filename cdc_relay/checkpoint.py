@@ -11,6 +11,7 @@ may never have been relayed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,11 +27,19 @@ from cdc_relay.errors import (
     SourceUnavailable,
 )
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 
 STATE_TABLE = "slot_position"
 LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
 STATE_COLUMNS = {
-    STATE_TABLE: ("slot_name", "confirmed_lsn", "updated_at", "sweep_from_xid"),
+    STATE_TABLE: (
+        "slot_name",
+        "confirmed_lsn",
+        "updated_at",
+        "sweep_from_xid",
+        "acked_offsets",
+        "written_from",
+    ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
@@ -86,7 +95,7 @@ class CheckpointStore(Protocol):
 
     def load(self) -> int | None: ...
 
-    def save(self, lsn: int) -> None: ...
+    def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None: ...
 
 
 class PostgresCheckpointStore:
@@ -188,9 +197,16 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return parse_lsn(str(row[0])) if row else None
 
-    def save(self, lsn: int, new_slot: bool = False) -> None:
-        """Record ``lsn``. With ``new_slot`` (the slot was just created) the sweep boundary is
-        set afresh; otherwise it is set only when missing.
+    def save(
+        self,
+        lsn: int,
+        offsets: Mapping[tuple[str, int], int] | None = None,
+        new_slot: bool = False,
+    ) -> None:
+        """Record ``lsn``, and with ``offsets`` the acknowledged offset per partition at or below
+        it (without, the recorded offsets stay: older ones only make a start read more). With
+        ``new_slot`` (the slot was just created) the sweep boundary is set afresh and the offsets
+        are cleared; otherwise the boundary is set only when missing.
 
         With a ``holder`` (the relay), the write happens only while the lease row names this
         holder, in the same statement: the lease row is locked (``FOR UPDATE``), so a takeover
@@ -198,29 +214,62 @@ class PostgresCheckpointStore:
         writes nothing and raises LeadershipLost — or waits until this write has committed, and
         the new leader reads the position afterwards. A stale leader cannot write a record.
         """
-        values = "%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())"
+        values = "%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb"
         upsert = (
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
             "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
-            "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END"
+            "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
+            "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
+            "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END, "
+            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END"
         )
+        columns = "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets)"
+        encoded = encode_offsets(offsets).decode() if offsets is not None else None
+        row = (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot)
         if self._holder is None:
-            query = sql.SQL(
-                "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
-                f"VALUES ({values}) {upsert}"
-            ).format(self._table)
-            self._run(query, (self._slot, format_lsn(lsn), new_slot))
+            query = sql.SQL(f"INSERT INTO {{}} AS p {columns} VALUES ({values}) {upsert}").format(
+                self._table
+            )
+            self._run(query, row)
             return
         query = sql.SQL(
             "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
-            "INSERT INTO {} AS p (slot_name, confirmed_lsn, sweep_from_xid) "
-            f"SELECT {values} FROM lease {upsert}"
+            f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
         ).format(self._lease, self._table)
-        cursor = self._run(query, (self._slot, self._holder, self._slot, format_lsn(lsn), new_slot))
+        cursor = self._run(query, (self._slot, self._holder, *row))
         if cursor.rowcount != 1:
             raise LeadershipLost(
                 "another relay holds the leader lease: the position was not recorded"
             )
+
+    def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
+        """The acknowledged offsets recorded with the position, and the offsets noted before
+        first writes (each None: none recorded, or unreadable)."""
+        query = sql.SQL(
+            "SELECT acked_offsets::text, written_from::text FROM {} WHERE slot_name = %s"
+        ).format(self._table)
+        row = self._run(query, (self._slot,)).fetchone()
+        return (decode_offsets(row[0]), decode_offsets(row[1])) if row else (None, None)
+
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Per partition the relay is about to write for the first time since the recorded
+        position, an offset at or below its end: where a start reads it back from. Fenced by the
+        lease like :meth:`save`: a stale leader's note could hide the new leader's records."""
+        encoded = encode_offsets(offsets).decode()
+        if self._holder is None:
+            query = sql.SQL("UPDATE {} SET written_from = %s::jsonb WHERE slot_name = %s").format(
+                self._table
+            )
+            self._run(query, (encoded, self._slot))
+            return
+        query = sql.SQL(
+            "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
+            "UPDATE {} SET written_from = %s::jsonb WHERE slot_name = %s AND EXISTS "
+            "(SELECT 1 FROM lease)"
+        ).format(self._lease, self._table)
+        cursor = self._run(query, (self._slot, self._holder, encoded, self._slot))
+        if cursor.rowcount != 1:
+            raise LeadershipLost("another relay holds the leader lease: nothing was noted")
 
     def load_sweep_boundary(self) -> int | None:
         """The first transaction id whose outbox rows the slot is sure to have streamed.

@@ -284,6 +284,21 @@ class Settings(BaseSettings):
     idle_confirm_interval: float = Field(
         10.0, gt=0, description="Seconds between confirmations that only follow an idle WAL."
     )
+    reconcile: bool = Field(
+        True,
+        description=(
+            "At each start, read back from Kafka the records an earlier run delivered after the "
+            "recorded position, and do not publish those events again (no duplicates after a "
+            "crash or restart). false: re-publish the unconfirmed tail (at-least-once)."
+        ),
+    )
+    reconcile_timeout: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Seconds the start-up read-back may take; not finished in time, it skips nothing."
+        ),
+    )
     read_coalesce_ms: float = Field(
         2.0,
         ge=0,

@@ -7,7 +7,8 @@ nothing in flight, the server's WAL end that a keepalive reported (an idle outbo
 
 Confirming is two writes, in this order, and nothing else confirms:
 
-1. the position record (:class:`PositionStore`: the ``slot_position`` row), then
+1. the position record (:class:`PositionStore`: the ``slot_position`` row, with the offsets Kafka
+   acknowledged per partition at or below P — see :mod:`cdc_relay.reconcile`), then
 2. the standby status update (:class:`SlotFeedback`) with flush = P.
 
 So the slot is never ahead of the record; :mod:`cdc_relay.checkpoint` says what a start does when
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 import psycopg
@@ -39,7 +41,11 @@ STATUS_INTERVAL = 10.0  # a standby status update at least this often (wal_sende
 class PositionStore(Protocol):
     """The relay's record of its confirmed position (written before the slot is told)."""
 
-    def save(self, lsn: int) -> None: ...
+    def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Record ``lsn``; with ``offsets`` also the acknowledged offset of each partition."""
+
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Before a first write to partitions with no acknowledged offset: where they end now."""
 
 
 class SlotFeedback(Protocol):
@@ -60,8 +66,9 @@ class Confirmer:
         *,
         confirm_interval: float,
         idle_confirm_interval: float,
+        offsets: dict[tuple[str, int], int] | None = None,
     ) -> None:
-        self.watermark = Watermark(start)
+        self.watermark = Watermark(start, offsets)
         self.received = start  # highest WAL position seen, reported as "written"
         self.confirmed = start  # what was recorded and told to the slot
         self._store = store
@@ -97,7 +104,8 @@ class Confirmer:
 
     def confirm(self, lsn: int) -> None:
         """Record the position, then tell the slot: the record must never be behind the slot."""
-        self._store.save(lsn)
+        # ``lsn`` is the watermark, so its offsets are those of the transactions below it.
+        self._store.save(lsn, self.watermark.offsets)
         self.confirmed = lsn
         self._stats.confirmed_lsn = lsn
         self._last_confirm = time.monotonic()

@@ -16,8 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    NewTopic,
+    OffsetSpec,
+)
 
 from cdc_relay.config import LEGAL_TOPIC, env_name, is_secret_property
 from cdc_relay.errors import ConfigError, SinkUnavailable
@@ -154,11 +158,14 @@ class DeliveryTracker:
         observe = stats.latency.observe
         commit_time = txn.commit_time
         now = time.time
+        offsets = txn.offsets
 
         def on_delivery(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err is None:
                 txn.pending -= 1
                 self.acked += 1
+                # In order per partition: the last report is the transaction's highest offset.
+                offsets[topic, msg.partition()] = msg.offset()
                 if dead_letter:
                     stats.dead_lettered += 1
                 else:
@@ -342,6 +349,28 @@ class Publisher:
             extra={"fields": {"topic": topic, "partitions": partitions, "rf": replication_factor}},
         )
         return True
+
+    def partition_ends(self, topic: str) -> dict[int, int]:
+        """Each partition of ``topic`` and its end as ListOffsets "latest" tells it — a lower
+        bound on some brokers, never above what exists. Blocks: call it off the loop."""
+        try:
+            metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT)
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None:
+                raise SinkUnavailable(f"no metadata for topic {topic!r}")
+            if self._admin is None:
+                self._admin = AdminClient(dict(admin_config(self._config)))
+            latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+            futures = self._admin.list_offsets(
+                {TopicPartition(topic, p): latest for p in found.partitions},
+                request_timeout=METADATA_TIMEOUT,
+            )
+            return {
+                tp.partition: int(future.result(timeout=METADATA_TIMEOUT * 2).offset)
+                for tp, future in futures.items()
+            }
+        except KafkaException as exc:
+            raise SinkUnavailable(f"cannot list the offsets of {topic!r}: {exc}") from None
 
     def probe(self, timeout: float) -> None:
         """Ask a broker for metadata; raises SinkUnavailable when none answers in time."""

@@ -5,9 +5,11 @@ acknowledged position, reads messages in commit order and publishes every outbox
 :mod:`cdc_relay.confirmation` confirms the contiguous watermark (first to the relay's own record,
 then to the slot). A lost PostgreSQL connection or a Kafka producer that stops making progress
 ends the session; the next one starts, after a backoff, from the position everything before which
-Kafka acknowledged — so a failure costs duplicates of the unconfirmed tail at most, never a lost
-event. What the relay cannot fix (configuration, prerequisites, a poison record under ``stop``)
-ends :meth:`Relay.run` with the project's error, whose exit code the CLI returns.
+Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
+an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
+that those events are not published twice. What the relay cannot fix (configuration,
+prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
+whose exit code the CLI returns.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from cdc_relay.observability.metrics import RelayMetrics
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
-from cdc_relay.publisher import Publisher
+from cdc_relay.publisher import Publisher, admin_config
+from cdc_relay.reconcile import Offsets, Reconciliation, reconcile_with_kafka
 from cdc_relay.replication.failover import (
     ensure_failover,
     promotion_note,
@@ -84,6 +87,7 @@ class Relay:
         self._fatal: RelayError | None = None
         self._confirmed: int | None = None  # acknowledged position carried across sessions
         self._timeline: tuple[str, int] | None = None  # (system id, timeline) it was read on
+        self._offsets: Offsets | None = None  # and the acknowledged offsets at that position
         self._publisher: Publisher | None = None
         self.topic_rules = TopicRules(settings)  # the topic creation limit is per process
         self.leadership = Leadership(settings)
@@ -186,6 +190,7 @@ class Relay:
                         extra={"fields": {"reason": str(exc)}},
                     )
                     self._confirmed = None  # the next leader's record is the truth now
+                    self._offsets = None
                     leadership.resign()
                 finally:
                     self.stats.leader = False
@@ -288,6 +293,23 @@ class Relay:
         with connect(url) as conn:
             start = self._prepare(conn)
             store = self._store(conn)
+            offsets, noted = store.load_offsets()
+            reconciliation: Reconciliation | None = None
+            if settings.reconcile:
+                # The previous incarnation is gone (killed, or this process's purged producer):
+                # what it delivered after ``start`` is all in Kafka now.
+                reconciliation = reconcile_with_kafka(
+                    admin_config(settings.producer_config()),
+                    settings.slot_name,
+                    start,
+                    offsets=offsets,
+                    noted=noted,
+                    timeout=settings.reconcile_timeout,
+                    stopping=lambda: self.stopping,  # a stop does not wait for the read
+                )
+                if noted and reconciliation.renoted:
+                    noted = {**noted, **reconciliation.renoted}
+                    store.note_written_from(noted)
             if self._publisher is None:
                 self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(
@@ -317,6 +339,9 @@ class Relay:
                 start=start,
                 heartbeat=lambda: emit_heartbeat(conn),
                 retained_wal=lambda: retained_wal(conn, settings.slot_name),
+                offsets=offsets,
+                reconciliation=reconciliation,
+                noted=noted,
             )
             try:
                 session.stream()
@@ -328,6 +353,7 @@ class Relay:
                 raise
             finally:
                 self._confirmed = session.confirmer.acknowledged()
+                self._offsets = dict(session.watermark.offsets)
                 self.stats.streaming = False
                 stream.close()
 
@@ -353,7 +379,8 @@ class Relay:
         carried = self._carried_position()
         if carried is not None and (recorded is None or carried > recorded):
             # What the previous session had acknowledged but not yet recorded.
-            store.save(carried)
+            # The offsets belong to the acknowledged position: not to one capped below it.
+            store.save(carried, self._offsets if carried == self._confirmed else None)
             recorded = carried
         slot = source.slot()
         if slot is None:

@@ -7,7 +7,9 @@ Everything else is somebody else's answer, called from here:
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
 - what happens to a poison row: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
-- stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`.
+- stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`;
+- which replayed events an earlier incarnation already got into Kafka: :mod:`cdc_relay.reconcile`
+  (every record carries its position header; an event found there is counted, not re-sent).
 
 Its collaborators are typed as the small Protocols below (the replication stream, the Kafka
 sink, the position store), so the unit tests drive the loop with fakes (``tests/fakes.py``).
@@ -43,6 +45,7 @@ from cdc_relay.errors import (
     ProtocolError,
     RelayError,
     SinkUnavailable,
+    SourceUnavailable,
     StopSession,
 )
 from cdc_relay.lsn import format_lsn
@@ -58,6 +61,7 @@ from cdc_relay.publisher import (
     TransactionCallback,
     refusal,
 )
+from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
     KEEPALIVE_WAL_END,
@@ -66,7 +70,7 @@ from cdc_relay.replication.protocol import (
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
-from cdc_relay.topics import TopicAdmin, TopicRules
+from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,8 @@ class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
     def in_flight(self) -> int: ...
 
     def check_fatal(self) -> None: ...
+
+    def partition_ends(self, topic: str) -> dict[int, int]: ...
 
 
 class SessionOwner(Protocol):
@@ -130,6 +136,9 @@ class Session:
         start: int,
         heartbeat: Callable[[], None],
         retained_wal: Callable[[], int | None],
+        offsets: dict[tuple[str, int], int] | None = None,
+        reconciliation: Reconciliation | None = None,
+        noted: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -147,10 +156,22 @@ class Session:
             stats,
             confirm_interval=settings.confirm_interval,
             idle_confirm_interval=settings.idle_confirm_interval,
+            offsets=offsets,
         )
         self.watermark = self.confirmer.watermark
+        self.store = store
+        self.slot_name = settings.slot_name
+        # Partitions without an acknowledged offset: where they ended before the first write.
+        self.noted: dict[tuple[str, int], int] | None = (
+            dict(noted or {}) if settings.reconcile else None
+        )
+        # Events of the replayed window already in Kafka; None once the stream is past them.
+        self.in_kafka: Reconciliation | None = (
+            reconciliation if reconciliation is not None and reconciliation.found else None
+        )
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
+        self.noted_topics: set[str] = set()  # topics whose partitions this session noted
         self.poison = PoisonPolicyHandler(
             settings,
             sink,
@@ -217,7 +238,9 @@ class Session:
                             self.ignore(message.relation_id)
                     elif isinstance(message, Begin):
                         txn = watermark.open(
-                            message.final_lsn, postgres_time_to_unix(message.commit_ts)
+                            message.final_lsn,
+                            postgres_time_to_unix(message.commit_ts),
+                            position_prefix(self.slot_name, message.final_lsn),
                         )
                         callback = None
                     elif isinstance(message, Commit):
@@ -299,16 +322,23 @@ class Session:
         txn: PendingTransaction,
         callback: TransactionCallback,
     ) -> None:
+        # The event's place in the WAL, unique per slot: counted for every event, mapped or not,
+        # so that a replay numbers them the same.
+        txn.events += 1
+        position = b"%b%d" % (txn.position, txn.events)
         try:
             record = mapping.map(source)
         except MalformedEvent as exc:
-            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id)
+            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
-            self.refuse_unmapped(mapping, source, txn, reason, None)
+            self.refuse_unmapped(mapping, source, txn, reason, None, position=position)
             return
         topic, key, value, headers, event_id, traceparent = record
+        headers.append((POSITION_HEADER, position))
+        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+            return
         if topic not in self.known_topics:
             try:
                 self.ensure_topic(topic)
@@ -353,8 +383,12 @@ class Session:
         txn: PendingTransaction,
         reason: str,
         event_id: str | None,
+        *,
+        position: bytes,
     ) -> None:
         """A row (or message) that breaks the contract: its dead-letter value is the row itself."""
+        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+            return
         try:
             row: bytes | None = mapping.describe_row(source)
         except Exception as exc:  # the row is hostile to describing too: say so instead
@@ -368,14 +402,65 @@ class Session:
                 code=MALFORMED,
                 event_id=event_id,
                 value=row,
-                headers=[],
+                headers=[(POSITION_HEADER, position)],
             )
         )
+
+    def already_in_kafka(
+        self, txn: PendingTransaction, position: bytes, event_id: str | None
+    ) -> bool:
+        """During the replayed window: was this event read back from Kafka at the start? Then it
+        counts as delivered (its transaction waits for nothing) and is not produced again."""
+        found = self.in_kafka
+        assert found is not None
+        if txn.commit_lsn > found.highest_lsn:
+            self.in_kafka = None  # past everything found: the hot path looks nothing up again
+            log.info(
+                "past the events found in Kafka at the start",
+                extra={"fields": {"skipped": self.stats.skipped_in_kafka}},
+            )
+            return False
+        if found.in_kafka(position, event_id):
+            self.stats.skipped_in_kafka += 1
+            return True
+        return False
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
         self.topic_rules.ensure(self.sink, topic, event=event, serve=self.serve_while_waiting)
+        if self.noted is not None:
+            self.note_partitions(topic)
         self.known_topics.add(topic)
+
+    def note_partitions(self, topic: str) -> None:
+        """Before the first record to ``topic``: note where its partitions without an
+        acknowledged offset end, so that a start after a crash reads them back from there
+        (:mod:`cdc_relay.reconcile`). Failing costs duplicates only, so it is not fatal."""
+        assert self.noted is not None
+        offsets = self.watermark.offsets
+        if topic in self.noted_topics:
+            return
+        try:
+            ends = wait_serving(
+                in_background(self.sink.partition_ends, topic), self.serve_while_waiting
+            )
+            noted = {key: value for key, value in self.noted.items() if key not in offsets}
+            # An existing note stays: the records of an earlier incarnation may follow it.
+            noted.update(
+                ((topic, p), end)
+                for p, end in ends.items()
+                if (topic, p) not in offsets and (topic, p) not in noted
+            )
+            if noted != self.noted:
+                self.store.note_written_from(noted)
+                self.noted = noted
+        except (SinkUnavailable, SourceUnavailable) as exc:
+            log.warning(
+                "cannot note where the topic's partitions end: after a crash, its records "
+                "may be published twice",
+                extra={"fields": {"topic": topic, "error": str(exc)}},
+            )
+        self.noted_topics.add(topic)
 
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""

@@ -4,6 +4,11 @@ Transactions are tracked in commit order. Each counts the Kafka deliveries it st
 The watermark is the end LSN of the newest transaction such that it *and every transaction before
 it* are sealed (their Commit was seen) and fully acknowledged — never simply the highest LSN
 acknowledged, because acknowledgements arrive out of order across partitions.
+
+Beside the watermark it keeps, per topic-partition, the highest offset Kafka acknowledged for a
+transaction at or below it (:attr:`Watermark.offsets`): recorded with the position, it tells the
+next start where in each partition the records of the unconfirmed window begin
+(:mod:`cdc_relay.reconcile`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,27 @@ from collections import deque
 class PendingTransaction:
     """One source transaction on its way to Kafka."""
 
-    __slots__ = ("commit_lsn", "commit_time", "end_lsn", "pending", "sealed")
+    __slots__ = (
+        "commit_lsn",
+        "commit_time",
+        "end_lsn",
+        "events",
+        "offsets",
+        "pending",
+        "position",
+        "sealed",
+    )
 
-    def __init__(self, commit_lsn: int, commit_time: float = 0.0) -> None:
+    def __init__(self, commit_lsn: int, commit_time: float = 0.0, position: bytes = b"") -> None:
         self.commit_lsn = commit_lsn
         self.commit_time = commit_time  # Unix seconds, for latency and lag
         self.end_lsn = 0
         self.pending = 0
         self.sealed = False
+        self.position = position  # b"<slot>/<commit LSN hex>/": the events' position prefix
+        self.events = 0  # events seen so far: the ordinal of the last one
+        # (topic, partition) -> offset of this transaction's last acknowledged record there
+        self.offsets: dict[tuple[str, int], int] = {}
 
     @property
     def done(self) -> bool:
@@ -31,14 +49,19 @@ class PendingTransaction:
 class Watermark:
     """Pure bookkeeping; the caller reports produces, acknowledgements and commits."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, offsets: dict[tuple[str, int], int] | None = None) -> None:
         self.confirmed = start
         self.confirmed_commit_time = 0.0  # commit time of the newest fully acknowledged txn
+        # Per partition, the highest offset acknowledged at or below ``confirmed`` (as recorded
+        # at the start, then folded from each finished transaction).
+        self.offsets: dict[tuple[str, int], int] = dict(offsets or {})
         self._queue: deque[PendingTransaction] = deque()
 
-    def open(self, commit_lsn: int, commit_time: float = 0.0) -> PendingTransaction:
+    def open(
+        self, commit_lsn: int, commit_time: float = 0.0, position: bytes = b""
+    ) -> PendingTransaction:
         """A Begin: the transaction joins the queue at once, so nothing after it can pass it."""
-        txn = PendingTransaction(commit_lsn, commit_time)
+        txn = PendingTransaction(commit_lsn, commit_time, position)
         self._queue.append(txn)
         return txn
 
@@ -53,6 +76,10 @@ class Watermark:
         queue = self._queue
         while queue and queue[0].done:
             txn = queue.popleft()
+            if txn.offsets:
+                # One producer writes each partition in order, so a later transaction's offset
+                # is the higher one (a lower one only makes the next start read a little more).
+                self.offsets.update(txn.offsets)
             self.confirmed = max(self.confirmed, txn.end_lsn)
             self.confirmed_commit_time = txn.commit_time
         return self.confirmed

@@ -11,6 +11,13 @@ CREATE TABLE IF NOT EXISTS cdc_relay.slot_position (
 -- The first transaction id whose outbox rows the slot is sure to stream: set when the slot is
 -- created. The sweeper never deletes rows of older transactions (they may predate the slot).
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_from_xid xid8;
+-- Per topic-partition, the offset of the last record Kafka acknowledged at or below confirmed_lsn
+-- (a JSON object: topic -> partition -> offset): where a start reads Kafka back from to find the events an
+-- earlier run already delivered after that position, so that they are not published twice.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS acked_offsets jsonb;
+-- Per partition the relay had no acknowledged record in at confirmed_lsn, an offset at or below
+-- its end taken before the relay first wrote there: where a start reads it back from.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS written_from jsonb;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

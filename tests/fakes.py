@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,16 @@ class FakeStore:
     def __init__(self, journal: list[Any]) -> None:
         self._journal = journal
         self.saved: list[int] = []
+        self.noted: dict[tuple[str, int], int] = {}
+        self.offsets: list[dict[tuple[str, int], int]] = []
 
-    def save(self, lsn: int) -> None:
+    def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         self.saved.append(lsn)
+        self.offsets.append(dict(offsets or {}))
         self._journal.append(("record", lsn))
+
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        self.noted = dict(offsets)
 
 
 class DeliveredMessage:
@@ -166,6 +172,9 @@ class FakeSink:
         self.in_flight_records: list[Record] = []
         self.delivered: list[Record] = []
         self.topics_checked: list[str] = []
+
+    def partition_ends(self, topic: str) -> dict[int, int]:
+        return {0: sum(1 for r in self.delivered if r.topic == topic)}
 
     def produce_raw(
         self,

@@ -60,6 +60,7 @@ class RelayStats:
     started_at: float = field(default_factory=time.time)
     published_by_topic: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     dead_lettered: int = 0
+    skipped_in_kafka: int = 0  # replayed events not re-sent: read back from Kafka at the start
     transactions: int = 0
     reconnects: int = 0
     producer_errors: int = 0

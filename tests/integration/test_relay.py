@@ -163,8 +163,10 @@ def test_concurrent_writers_arrive_complete_in_commit_order(
             ("aggregate_type", str(aggregate_type).encode()),
         ]
         assert isinstance(headers, dict)
-        # jsonb orders keys its own way; each entry arrives once, after the three fixed headers.
-        assert sorted(record.headers[3:]) == [
+        # jsonb orders keys its own way; each entry arrives once, after the three fixed headers
+        # and before the relay's position header, the last one.
+        assert record.headers[-1][0] == "cdc_relay.position"
+        assert sorted(record.headers[3:-1]) == [
             ("attempt", b"1"),  # non-string JSON values travel as their JSON text
             ("tags", b'["a", "b"]'),  # PostgreSQL's jsonb text, unchanged
             ("trace", headers["trace"].encode()),  # strings travel as they are

@@ -18,6 +18,7 @@ from cdc_relay.decode.messages import Commit, Insert
 from cdc_relay.errors import LeadershipLost, PoisonRecordError, SinkUnavailable, StopSession
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
+from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
 from cdc_relay.session import Session
 from cdc_relay.topics import TopicRules
 from tests.fakes import (
@@ -51,7 +52,13 @@ def _settings(**overrides: Any) -> Settings:
 class Harness:
     """One session over fakes; ``journal`` holds record and slot writes in order."""
 
-    def __init__(self, frames: list[bytes], stop_after: int | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        frames: list[bytes],
+        stop_after: int | None = None,
+        reconciliation: Reconciliation | None = None,
+        **settings: Any,
+    ) -> None:
         self.settings = _settings(**settings)
         self.journal: list[Any] = []
         self.owner = FakeOwner()
@@ -71,6 +78,7 @@ class Harness:
             start=0,
             heartbeat=lambda: None,
             retained_wal=lambda: None,
+            reconciliation=reconciliation,
         )
 
     def run(self) -> None:
@@ -261,3 +269,49 @@ def test_a_leader_that_lost_its_lease_confirms_nothing_more() -> None:
         harness.session.housekeeping()
     assert harness.store.saved == []
     assert all(flushed == 0 for _, flushed in harness.source.statuses)
+
+
+def test_every_record_carries_its_position_and_the_record_its_offsets() -> None:
+    harness = Harness(FRAMES)
+    harness.run()
+    delivered = harness.sink.delivered
+    positions = [r.header(POSITION_HEADER) for r in delivered]
+    parsed = [parse_position(p) for p in positions if p is not None]
+    commits = _commits(FRAMES)
+    assert len(parsed) == 2
+    assert [p[0] for p in parsed if p] == [harness.settings.slot_name] * 2
+    assert all(p is not None and p[2] == 1 for p in parsed)  # one event per transaction
+    assert sorted(p[1] for p in parsed if p) == sorted({p[1] for p in parsed if p})
+    assert harness.store.saved[-1] == commits[-1]
+    assert set(harness.store.offsets[-1]) == {(TOPIC_ORDER, 0), (TOPIC_CITY, 0)}
+    # Before the first record to each topic, where its partitions ended (none acknowledged yet).
+    assert harness.store.noted == {(TOPIC_ORDER, 0): 0, (TOPIC_CITY, 0): 0}
+
+
+def _found_first_event(event_id: bytes) -> Reconciliation:
+    harness = Harness(FRAMES)
+    harness.run()
+    first = harness.sink.delivered[0].header(POSITION_HEADER)
+    second = harness.sink.delivered[1].header(POSITION_HEADER)
+    assert first is not None
+    assert second is not None
+    lsn = parse_position(second)
+    assert lsn is not None
+    return Reconciliation(found={first: event_id}, highest_lsn=lsn[1])
+
+
+def test_an_event_read_back_from_kafka_is_counted_not_sent_again() -> None:
+    found = _found_first_event(b"00000000-0000-4000-8000-000000000001")
+    harness = Harness(FRAMES, reconciliation=found)
+    harness.run()
+    assert [r.topic for r in harness.sink.delivered] == [TOPIC_CITY]
+    assert harness.stats.skipped_in_kafka == 1
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]  # confirmed past both
+
+
+def test_the_same_position_with_another_id_is_sent_again() -> None:
+    found = _found_first_event(b"another-event")
+    harness = Harness(FRAMES, reconciliation=found)
+    harness.run()
+    assert [r.topic for r in harness.sink.delivered] == [TOPIC_ORDER, TOPIC_CITY]
+    assert harness.stats.skipped_in_kafka == 0

@@ -1,0 +1,357 @@
+"""No duplicates after a crash: a start reads back what an earlier run delivered (issue 13).
+
+Each test kills the relay (``kill -9``) at a point where Kafka holds events the relay had not yet
+recorded as confirmed, restarts it, and counts what arrived: every event at least once (never a
+loss), and — with reconciliation on — exactly once, by the event id and by the position header.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from functools import partial
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from cdc_relay.local import LocalBroker
+from cdc_relay.reconcile import POSITION_HEADER
+from tests.conftest import KafkaBroker
+from tests.integration.relay_support import (
+    RelayProcess,
+    create_outbox,
+    insert_events,
+    new_event,
+    relay_env,
+    scalar,
+    slot_confirmed_lsn,
+    wait_until,
+    write_transactions,
+)
+from tests.integration.test_relay_faults import _BackgroundWriter
+from tests.kafka_helpers import Record, consume_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
+
+
+def _ids(records: list[Record]) -> list[str]:
+    return [(r.header("id") or r.header("cdc_relay.event_id") or b"").decode() for r in records]
+
+
+def _duplicates(values: list[bytes | str | None]) -> int:
+    present = [v for v in values if v]
+    return len(present) - len(set(present))
+
+
+def _beyond(writer: _BackgroundWriter, count: int) -> bool:
+    return len(writer.committed) > count
+
+
+def _consume_covering(bootstrap: str, topic: str, ids: set[str], timeout: float) -> list[Record]:
+    """Everything in ``topic`` once every one of ``ids`` arrived (or at the timeout), with a
+    grace period so that late duplicates show too."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = consume_all(bootstrap, [topic], len(ids), 30, grace=2.0)
+        if ids <= set(_ids(records)) or time.monotonic() > deadline:
+            return records
+        time.sleep(1.0)
+
+
+def _field(logs: str, message: str, name: str) -> str | None:
+    """A field of the last log line holding ``message`` (plain or JSON log format)."""
+    lines = [line for line in logs.splitlines() if message in line]
+    if not lines:
+        return None
+    match = re.search(rf'"?{name}"?[=:]\s*"?([^\s",}}]+)', lines[-1])
+    return match.group(1) if match else None
+
+
+@pytest.mark.parametrize("reconcile", ["false", "true"])
+def test_kill_9_repeatedly_with_writers_running(
+    database: str, broker: KafkaBroker, unique: str, reconcile: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    env = relay_env(database, broker.bootstrap_servers, unique, reconcile=reconcile)
+    kills = 3
+    relay = RelayProcess(env).start()
+    relay.wait_streaming()  # the slot exists before the first event is written
+    with _BackgroundWriter(database) as writer:
+        for kill in range(kills):
+            try:
+                if kill:
+                    relay = RelayProcess(env).start()
+                    relay.wait_streaming()
+                target = len(writer.committed) + 800
+                wait_until(partial(_beyond, writer, target), 60, "the writer to write on")
+                relay.kill()
+            finally:
+                relay.close()
+            time.sleep(0.3)  # the writer goes on while the relay is dead
+    committed = [event_id for event_id, _ in writer.committed]
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+
+    ids = _ids(records)
+    missing = set(committed) - set(ids)
+    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{logs}"
+    by_id = _duplicates(list(ids))
+    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
+    assert all(r.header(POSITION_HEADER) for r in records)
+    print(
+        f"\nreconcile={reconcile}: {len(committed)} events, {kills} x kill -9: "
+        f"{by_id} duplicates by id, {by_position} by position"
+    )
+    if reconcile == "true":
+        assert by_id == 0
+        assert by_position == 0
+    counts = Counter(ids)
+    assert all(counts[event_id] >= 1 for event_id in committed)
+
+
+def test_an_event_not_in_kafka_at_the_crash_is_published_after_the_restart(
+    database: str, local_broker: LocalBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    local_broker.create_topic(topic, partitions=2)
+    # Records wait 3 s in the producer before they are sent: killed within that time, the
+    # relay never sent them (and the paused broker would not have acknowledged them anyway).
+    # Nothing is confirmed after the start: the first ten are delivered but unconfirmed.
+    env = relay_env(
+        database,
+        local_broker.bootstrap_servers,
+        unique,
+        kafka_producer_config='{"linger.ms": "3000"}',
+        confirm_interval="3600",
+        idle_confirm_interval="3600",
+    )
+    delivered = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
+    unsent = [new_event(aggregate_id=f"a-{i}", payload={"n": 10 + i}) for i in range(10)]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        wait_until(
+            lambda: "nothing to reconcile" in relay.logs() or "reconciled" in relay.logs(),
+            10,
+            "the start to reconcile",
+        )
+        write_transactions(database, [delivered])
+        assert len(consume_all(local_broker.bootstrap_servers, [topic], 10, 30)) == 10
+        local_broker.pause()
+        try:
+            write_transactions(database, [unsent])
+            time.sleep(1.0)  # read by the relay, queued, never sent
+            relay.kill()
+        finally:
+            local_broker.resume()
+    finally:
+        relay.close()
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = consume_all(local_broker.bootstrap_servers, [topic], 20, 30, grace=4.0)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    ids = _ids(records)
+    assert sorted(ids) == sorted(e.id for e in delivered + unsent), "each exactly once"
+    # The first ten were delivered before the crash and found; the others were published now.
+    assert _field(logs, "reconciled with Kafka", "in_kafka") == "10", logs
+
+
+def test_new_topics_partitions_other_producers_and_dead_letters_in_the_window(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    order, dead_letter = f"{unique}.order", f"{unique}.dead_letter"
+    broker.create_topic(order, partitions=4)
+    broker.create_topic(dead_letter, partitions=1)
+    env = relay_env(database, broker.bootstrap_servers, unique)
+    slot = f"slot_{unique}"
+
+    # A first run writes one partition of one topic, confirms and stops cleanly.
+    first = [new_event(aggregate_id="a-0", payload={"n": i}) for i in range(5)]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [first])
+        consume_all(broker.bootstrap_servers, [order], 5, 30)
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    confirmed = slot_confirmed_lsn(database, slot)
+
+    # A second run confirms nothing more: every partition, a topic it creates (city), the
+    # dead-letter topic, and another producer writing the same topic, then kill -9.
+    env_window = {
+        **env,
+        "CDC_RELAY_CONFIRM_INTERVAL": "3600",
+        "CDC_RELAY_IDLE_CONFIRM_INTERVAL": "3600",
+    }
+    window = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(40)]
+    city = [new_event(aggregate_type="city", aggregate_id=f"c-{i}") for i in range(5)]
+    poison = new_event(aggregate_type="bad topic!", payload={"n": -1})
+    # Idempotent: a retry of its own must not look like a duplicate of ours.
+    other = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True})
+    relay = RelayProcess(env_window).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [window[:20], [*city, poison]])
+        for i in range(30):  # another producer; some records even claim a position of ours
+            other.produce(
+                order,
+                b"{}",
+                f"x-{i}".encode(),
+                headers=[("id", f"other-{i}".encode()), (POSITION_HEADER, b"elsewhere/1/1")],
+            )
+        other.flush(10)
+        write_transactions(database, [window[20:]])
+        consume_all(broker.bootstrap_servers, [order], 5 + 40 + 30, 30)
+        consume_all(broker.bootstrap_servers, [dead_letter], 1, 30)
+        consume_all(broker.bootstrap_servers, [f"{unique}.city"], 5, 30)
+        assert slot_confirmed_lsn(database, slot) == confirmed, "nothing confirmed in the window"
+        relay.kill()
+    finally:
+        relay.close()
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        topics = [order, dead_letter, f"{unique}.city"]
+        records = consume_all(broker.bootstrap_servers, topics, 5 + 40 + 30 + 1 + 5, 30, grace=3.0)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    ids = _ids(records)
+    expected = [e.id for e in [*first, *window, *city, poison]] + [f"other-{i}" for i in range(30)]
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    assert sorted(ids) == sorted(expected), f"each exactly once; twice: {twice}\n{logs}"
+    assert _field(logs, "reconciled with Kafka", "in_kafka") == str(40 + 5 + 1), logs
+
+
+def test_a_broker_that_lost_data_gets_everything_again_and_a_warning(
+    database: str, local_broker: LocalBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    local_broker.create_topic(topic, partitions=2)
+    env = relay_env(database, local_broker.bootstrap_servers, unique, reconcile_timeout="3")
+    slot = f"slot_{unique}"
+    before = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [before])
+        consume_all(local_broker.bootstrap_servers, [topic], 10, 30)
+        wait_until(
+            lambda: bool(
+                scalar(
+                    database,
+                    "SELECT acked_offsets IS NOT NULL FROM cdc_relay.slot_position "
+                    "WHERE slot_name = %s",
+                    slot,
+                )
+            ),
+            20,
+            "a confirmation recording the acknowledged offsets",
+        )
+        relay.kill()
+    finally:
+        relay.close()
+    local_broker.restart()  # the memory engine: every record is gone
+    local_broker.create_topic(topic, partitions=2)
+    after = [new_event(aggregate_id=f"a-{i}", payload={"n": 10 + i}) for i in range(10)]
+    with psycopg.connect(database, autocommit=True) as conn:
+        insert_events(conn, after)
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = consume_all(local_broker.bootstrap_servers, [topic], 10, 30, grace=1.0)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    assert "skips nothing" in logs, logs
+    assert sorted(_ids(records)) == sorted(e.id for e in after)
+
+
+MILLION = 1_000_000
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput"], indirect=True)
+def test_start_up_reads_the_unconfirmed_window_not_the_topic(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    started = time.monotonic()
+    filler = Producer(
+        {"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50, "batch.size": 1_000_000}
+    )
+    value = b"x" * 100
+    for i in range(MILLION):
+        while True:
+            try:
+                filler.produce(topic, value, b"k%d" % (i % 1000))
+                break
+            except BufferError:
+                filler.poll(0.05)
+        if i % 10_000 == 0:
+            filler.poll(0)
+    assert filler.flush(120) == 0
+    print(f"\n{MILLION} records written by another producer in {time.monotonic() - started:.1f}s")
+
+    env = relay_env(database, broker.bootstrap_servers, unique)
+    slot = f"slot_{unique}"
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [[new_event(aggregate_id=f"a-{i}")] for i in range(200)])
+        wait_until(
+            lambda: bool(
+                scalar(
+                    database,
+                    "SELECT acked_offsets IS NOT NULL FROM cdc_relay.slot_position "
+                    "WHERE slot_name = %s",
+                    slot,
+                )
+            ),
+            30,
+            "a confirmation recording the acknowledged offsets",
+        )
+        write_transactions(database, [[new_event(aggregate_id=f"a-{i}")] for i in range(300)])
+        time.sleep(0.3)
+        relay.kill()
+    finally:
+        relay.close()
+
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming(60)
+        logs = relay.logs()
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    seconds = _field(logs, "reconciled with Kafka", "seconds")
+    read = _field(logs, "reconciled with Kafka", "records_read")
+    assert seconds is not None, logs
+    assert read is not None
+    print(f"start-up reconciliation with {MILLION} records in the topic: {seconds}s, {read} read")
+    assert int(read) < 20_000, "bounded by the unconfirmed window, not by the topic"
