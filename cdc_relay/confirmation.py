@@ -71,6 +71,9 @@ class Confirmer:
         self.watermark = Watermark(start, offsets)
         self.received = start  # highest WAL position seen, reported as "written"
         self.confirmed = start  # what was recorded and told to the slot
+        # Partitions whose acknowledged offset is in the position record (not merely acknowledged
+        # in memory): a start after a crash reads them back from there.
+        self.recorded_partitions: set[tuple[str, int]] = set(offsets or {})
         self._store = store
         self._slot = slot
         self._stats = stats
@@ -106,6 +109,7 @@ class Confirmer:
         """Record the position, then tell the slot: the record must never be behind the slot."""
         # ``lsn`` is the watermark, so its offsets are those of the transactions below it.
         self._store.save(lsn, self.watermark.offsets)
+        self.recorded_partitions = set(self.watermark.offsets)
         self.confirmed = lsn
         self._stats.confirmed_lsn = lsn
         self._last_confirm = time.monotonic()

@@ -437,19 +437,21 @@ class Session:
         acknowledged offset end, so that a start after a crash reads them back from there
         (:mod:`cdc_relay.reconcile`). Failing costs duplicates only, so it is not fatal."""
         assert self.noted is not None
-        offsets = self.watermark.offsets
+        # Only an offset in the position record replaces a note: one acknowledged since (in
+        # memory) is lost with a crash, and without its note the partition would not be read.
+        recorded = self.confirmer.recorded_partitions
         if topic in self.noted_topics:
             return
         try:
             ends = wait_serving(
                 in_background(self.sink.partition_ends, topic), self.serve_while_waiting
             )
-            noted = {key: value for key, value in self.noted.items() if key not in offsets}
+            noted = {key: value for key, value in self.noted.items() if key not in recorded}
             # An existing note stays: the records of an earlier incarnation may follow it.
             noted.update(
                 ((topic, p), end)
                 for p, end in ends.items()
-                if (topic, p) not in offsets and (topic, p) not in noted
+                if (topic, p) not in recorded and (topic, p) not in noted
             )
             if noted != self.noted:
                 self.store.note_written_from(noted)

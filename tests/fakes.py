@@ -81,6 +81,10 @@ class FakeSource:
         self.read_count = 0
         self.statuses: list[tuple[int, int]] = []
 
+    def stop_after(self, frames: int | None) -> None:
+        """Ask for a stop once ``frames`` frames have been read in all (None: when they run out)."""
+        self._stop_after = frames
+
     def read(self) -> memoryview | None:
         if not self.frames or self.read_count == self._stop_after:
             self._owner.stopping = True

@@ -315,3 +315,21 @@ def test_the_same_position_with_another_id_is_sent_again() -> None:
     harness.run()
     assert [r.topic for r in harness.sink.delivered] == [TOPIC_ORDER, TOPIC_CITY]
     assert harness.stats.skipped_in_kafka == 0
+
+
+def test_a_note_stays_until_an_offset_replaces_it_in_the_record() -> None:
+    """An offset acknowledged but not yet recorded must not drop a partition's note: after a
+    crash the record would hold neither, and the partition would not be read back (duplicates).
+    Seen under load in the integration test of the reconciliation before this fix."""
+    harness = Harness(FRAMES, stop_after=3, confirm_interval=3600.0, idle_confirm_interval=3600.0)
+    with pytest.raises(StopSession):  # after the first transaction: Begin, Relation, Insert, Commit
+        harness.session.stream()
+    assert harness.store.noted == {(TOPIC_ORDER, 0): 0}
+    harness.session.housekeeping()  # its record is acknowledged, in memory only
+    assert harness.sink.on_topic(TOPIC_ORDER)
+    assert harness.store.saved == [], "nothing recorded yet"
+    harness.owner.stopping = False
+    harness.source.stop_after(None)
+    with pytest.raises(StopSession):
+        harness.session.stream()  # the first record to the second topic notes its partitions
+    assert harness.store.noted == {(TOPIC_ORDER, 0): 0, (TOPIC_CITY, 0): 0}
