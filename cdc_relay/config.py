@@ -38,7 +38,14 @@ TOPIC_TEMPLATE_FIELDS = frozenset({"aggregate_type", "event_type", "table", "sch
 _SECRET_KEY_FRAGMENTS = ("password", "secret", "jaas", "oauthbearer.config", ".pem", "token")
 
 # Used with .match(); \Z rather than $, which also matches before a trailing newline.
-LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
+
+
+def legal_topic(name: str) -> bool:
+    """Kafka's rule for topic names: 1-249 of ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``."""
+    return bool(_LEGAL_TOPIC.match(name)) and name not in (".", "..")
+
+
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")  # needs no quotes in SQL (keywords aside)
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -452,7 +459,7 @@ class Settings(BaseSettings):
     @field_validator("dead_letter_topic")
     @classmethod
     def _dead_letter_topic(cls, value: str) -> str:
-        if not LEGAL_TOPIC.match(value) or value in (".", ".."):
+        if not legal_topic(value):
             raise ValueError("Kafka allows 1-249 of [a-zA-Z0-9._-], not . or ..")
         return value
 

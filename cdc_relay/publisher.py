@@ -23,7 +23,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     OffsetSpec,
 )
 
-from cdc_relay.config import LEGAL_TOPIC, env_name, is_secret_property
+from cdc_relay.config import env_name, is_secret_property, legal_topic
 from cdc_relay.errors import ConfigError, SinkUnavailable
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
@@ -303,7 +303,7 @@ class Publisher:
         raises it too), or cannot be (an invalid name); SinkUnavailable when the cluster does not
         answer.
         """
-        if not LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+        if not legal_topic(topic):
             # Checked here rather than trusted to the broker: not every Kafka-protocol broker
             # rejects such names, and a topic that exists under an illegal name helps nobody.
             raise ProduceRefused(
