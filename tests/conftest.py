@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cdc_relay.local import ExternalBroker, ExternalPostgres, LocalBroker, LocalPostgres
+from cdc_relay.local.relay_process import RelayProcess
 
 DATABASE_URL_ENV = "CDC_RELAY_TEST_DATABASE_URL"
 BOOTSTRAP_SERVERS_ENV = "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS"
@@ -32,6 +33,14 @@ KafkaBroker = LocalBroker | ExternalBroker
 
 def _short_id() -> str:
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _relay_logs_in_pytest_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Relay child logs under pytest's base temp dir (pytest keeps the last three runs' dirs)."""
+    RelayProcess.log_dir = tmp_path_factory.mktemp("relay-logs")
+    yield
+    RelayProcess.log_dir = None
 
 
 @pytest.fixture(scope="session")

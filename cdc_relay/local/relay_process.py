@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 
 def cpu_seconds(pid: int) -> float:
@@ -32,7 +32,13 @@ def peak_rss_mb(pid: int) -> float:
 
 
 class RelayProcess:
-    """One relay child with its own log file; ``env`` is its whole environment."""
+    """One relay child with its own log file; ``env`` is its whole environment.
+
+    Logs go to :attr:`log_dir` (the system temp dir unless set): the test suite points it into
+    pytest's base temp dir, which pytest itself rotates, so kept logs do not pile up in /tmp.
+    """
+
+    log_dir: ClassVar[Path | None] = None
 
     def __init__(
         self, env: Mapping[str, str], args: Sequence[str] = (), keep_log: bool = True
@@ -41,7 +47,7 @@ class RelayProcess:
         self.args = list(args)
         self._keep_log = keep_log  # kept logs help a post-mortem of a failed test
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
-            prefix="cdc-relay-", suffix=".log", delete=False
+            prefix="cdc-relay-", suffix=".log", dir=self.log_dir, delete=False
         )
         self.log_path = Path(self._log.name)
         self.proc: subprocess.Popen[bytes] | None = None
