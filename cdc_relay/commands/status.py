@@ -1,6 +1,7 @@
 """``python -m cdc_relay status``: where the relay stands, from the database and the running relay.
 
-The database side (slot, recorded position, retained WAL) is read directly; the live numbers
+The database side (slot, recorded position, retained WAL, which relay holds the leader lease) is
+read directly; the live numbers
 (events published since start, in flight, lag) come from the running relay's ``/status``
 endpoint — the same counters ``/metrics`` exports.
 """
@@ -15,7 +16,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from cdc_relay.checkpoint import STATE_TABLE
+from cdc_relay.checkpoint import LEASE_TABLE, STATE_TABLE
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
 from cdc_relay.replication.source import connect
@@ -51,7 +52,31 @@ def database_status(settings: Settings) -> dict[str, Any]:
             row = None
         result["recorded_lsn"] = row[0] if row else None
         result["recorded_at"] = str(row[1]) if row else None
+        result |= _lease(conn, settings)
     return result
+
+
+def _lease(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> dict[str, Any]:
+    """Who leads for the slot (:mod:`cdc_relay.leadership`): holder, and whether its lease holds."""
+    try:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT holder, renewed_at, expires_at, expires_at > now() FROM {} "
+                "WHERE slot_name = %s"
+            ).format(sql.Identifier(settings.state_schema, LEASE_TABLE)),
+            (settings.slot_name,),
+        ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        row = None
+    if row is None:
+        return {"leader": None}
+    holder, renewed, expires, current = row
+    return {
+        "leader": holder,
+        "leader_renewed_at": str(renewed),
+        "leader_lease_expires_at": str(expires),
+        "leader_lease_current": current,
+    }
 
 
 def relay_status(port: int, host: str = "127.0.0.1") -> dict[str, Any] | None:

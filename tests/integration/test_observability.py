@@ -115,6 +115,9 @@ def test_metrics_report_exactly_what_was_relayed(
     assert "slot_exists: True" in command.stdout
     assert "relay.published: 30" in command.stdout
     assert "retained_wal_bytes: " in command.stdout
+    leader = next(line for line in command.stdout.splitlines() if line.startswith("leader: "))
+    assert leader.removeprefix("leader: ") not in ("", "None"), command.stdout
+    assert "leader_lease_current: True" in command.stdout, command.stdout
 
 
 def test_readiness_follows_the_broker(
