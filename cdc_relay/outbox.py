@@ -438,6 +438,14 @@ class MessageMapping:
 
     def map(self, content: bytes) -> OutboxRecord:
         try:
+            return self._map(content)
+        except orjson.JSONEncodeError:
+            # orjson reads 1,024 levels deep but writes only 254: a payload or header value
+            # between the two parses and cannot be written back.
+            raise MalformedEvent("logical message content is nested too deeply") from None
+
+    def _map(self, content: bytes) -> OutboxRecord:
+        try:
             event = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise MalformedEvent("logical message content is not valid JSON") from None

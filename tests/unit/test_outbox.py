@@ -474,3 +474,17 @@ def test_message_header_names_with_nul_are_refused() -> None:
     )
     with pytest.raises(MalformedEvent, match="NUL"):
         MessageMapping("outbox", TEMPLATE).map(content)
+
+
+@pytest.mark.parametrize("where", ["payload", "header"])
+def test_a_logical_message_nested_too_deeply_to_write_back_is_malformed(where: str) -> None:
+    # orjson reads 1,024 levels but writes 254: 300 levels parse and cannot be written back.
+    deep = b"[" * 300 + b"]" * 300
+    fields = b'{"id": "e1", "aggregate_type": "t", "aggregate_id": "a", "event_type": "x", '
+    tail = (
+        b'"payload": ' + deep + b"}"
+        if where == "payload"
+        else b'"payload": 1, "headers": {"h": ' + deep + b"}}"
+    )
+    with pytest.raises(MalformedEvent, match="nested too deeply"):
+        MessageMapping("outbox", "{aggregate_type}").map(fields + tail)
