@@ -319,14 +319,14 @@ def test_for_plain_settings_the_general_mapping_is_the_plain_one(
         }
     )
     row = tuple_of(types, values)
-    outcomes = []
+    outcomes: list[OutboxRecord | str | None] = []
     for kind in (OutboxMapping, ShapedMapping):
         try:
             outcomes.append(kind(relation(types), "t.{aggregate_type}", "tp", columns).map(row))
         except MalformedEvent:
             outcomes.append(None)
         except Exception as exc:
-            outcomes.append(type(exc).__name__)  # type: ignore[arg-type]
+            outcomes.append(type(exc).__name__)
     plain, general = outcomes
     if values["aggregatetype"] is None and isinstance(general, OutboxRecord):
         # The one difference: a NULL aggregate type is refused by the plain mapping only, and the
