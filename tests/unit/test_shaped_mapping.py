@@ -4,14 +4,15 @@ rows as both decoders deliver them (text bytes, None for NULL)."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
-from cdc_relay.config import OutboxColumns, OutboxTable, load_settings
+from cdc_relay.config import OutboxColumns, OutboxTable, legal_topic, load_settings
 from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 from cdc_relay.errors import ConfigError
 from cdc_relay.outbox import MalformedEvent, OutboxMapping, OutboxRecord
@@ -374,3 +375,92 @@ def test_per_table_settings_in_outbox_tables(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("CDC_RELAY_OUTBOX_TABLES", orjson.dumps(bad).decode())
     with pytest.raises(ConfigError, match="CDC_RELAY_OUTBOX_TABLES"):
         load_settings(database_url="postgresql://h/db", kafka_bootstrap_servers="k:9092")
+
+
+_ANY_VALUE = st.none() | st.just(UNCHANGED_TOAST) | st.binary(max_size=40)
+_PART = st.text("abc._", min_size=1, max_size=6) | st.text("ab.:-_ü", max_size=6)
+_STREAMISH = st.builds(lambda a, b, c: f"{a}::{b}-{c}".encode(), _PART, _PART, st.text(max_size=8))
+
+
+# Typical values with a few hostile ones; a json column holds JSON (PostgreSQL checked it) or NULL.
+_HOSTILE = st.dictionaries(
+    st.sampled_from([name for name in FRAMEWORK if name != "data"]), _ANY_VALUE, max_size=3
+)
+_FRAMEWORK_VALUES = st.builds(
+    lambda hostile, data: {**FRAMEWORK_ROW, **hostile, "data": data},
+    _HOSTILE,
+    st.sampled_from([FRAMEWORK_ROW["data"], None, b"[]", b'"x"', b"1.50", b"{}"]),
+)
+
+
+@given(
+    _FRAMEWORK_VALUES,
+    _STREAMISH | _STREAMISH | _ANY_VALUE,
+    st.sampled_from(["payload", "row", "envelope"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_any_row_is_a_record_or_a_malformed_event(
+    values: dict[str, Value], stream: Value, shape: str, expand: bool, tombstones: bool
+) -> None:
+    """Hostile rows: the general mapping publishes (a legal topic, JSON or a tombstone as the
+    value) or refuses with MalformedEvent; nothing else escapes."""
+    columns = {
+        **FRAMEWORK_COLUMNS,
+        "value": shape,
+        "expand_json_payload": expand,
+        "tombstone_on_empty_payload": tombstones,
+    }
+    if shape != "envelope":
+        columns["additional_placement"] = ["correlation_id:header", "causation_id:header"]
+    mapper = mapping(FRAMEWORK, columns)
+    try:
+        record = mapper.map(tuple_of(FRAMEWORK, values, stream_name=stream))
+    except MalformedEvent:
+        event("refused")
+        return
+    event("published" if record.value is not None else "tombstone")
+    assert legal_topic(record.topic)
+    assert isinstance(record.key, bytes)
+    if record.value is not None and shape != "payload":
+        orjson.loads(record.value)
+
+
+def _readme_example(marker: str) -> dict[str, Any]:
+    """The JSON of CDC_RELAY_OUTBOX_COLUMNS in the README's example after ``marker``."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index(marker) :]
+    start = block.index("CDC_RELAY_OUTBOX_COLUMNS='") + len("CDC_RELAY_OUTBOX_COLUMNS='")
+    parsed: dict[str, Any] = orjson.loads(block[start : block.index("'", start)])
+    return parsed
+
+
+def test_the_readme_examples_do_what_the_readme_says() -> None:
+    debezium = mapping(DEBEZIUM, _readme_example("**Debezium's documented table**"))
+    record = debezium.map(tuple_of(DEBEZIUM, DEBEZIUM_ROW))
+    assert record.topic == "outbox.event.Order"
+    assert dict(record.headers)["eventType"] == b"OrderCreated"
+    assert orjson.loads(record.value or b"") == {"payload": {"n": 1}, "eventType": "OrderCreated"}
+    assert debezium.map(tuple_of(DEBEZIUM, DEBEZIUM_ROW, payload=None)).value is None
+
+    framework = mapping(FRAMEWORK, _readme_example("**A framework's unit-of-work table**"))
+    placed = framework.map(
+        tuple_of(FRAMEWORK, FRAMEWORK_ROW, created_at=b"2026-11-23 16:00:00.5", causation_id=b"c")
+    )
+    assert placed.topic == "shop.order"
+    assert placed.key == AGGREGATE.encode()
+    assert [name for name, _ in placed.headers] == [
+        "id",
+        "event_type",
+        "aggregate_type",
+        "correlation_id",
+        "causation_id",
+    ]
+    assert dict(placed.headers)["id"] == b"msg-1"
+    assert orjson.loads(placed.value or b"") == {
+        "payload": {"total": 12.5},
+        "type": "Shop.OrderPlaced.v1",
+        "stream": f"shop::order-{AGGREGATE}",
+        "metadata": base64.b64encode(b"\x00\xffmeta").decode(),
+        "created_at": "2026-11-23 16:00:00.5",
+    }
