@@ -782,7 +782,13 @@ def load_settings(**overrides: Any) -> Settings:
             reason = "is required" if error["type"] == "missing" else error["msg"]
             reason = reason.removeprefix("Value error, ")
             if error["loc"]:
-                problems.append(f"{env_name(str(error['loc'][0]))}: {reason}")
+                # Where inside a JSON setting: "CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: …"
+                inner = "".join(
+                    f"[{part}]" if isinstance(part, int) else f".{part}"
+                    for part in error["loc"][1:]
+                ).lstrip(".")
+                where = f"{inner}: " if inner else ""
+                problems.append(f"{env_name(str(error['loc'][0]))}: {where}{reason}")
             else:  # a rule between settings: its message names them
                 problems.append(reason)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -464,3 +464,15 @@ def test_the_readme_examples_do_what_the_readme_says() -> None:
         "metadata": base64.b64encode(b"\x00\xffmeta").decode(),
         "created_at": "2026-11-23 16:00:00.5",
     }
+
+
+def test_a_refused_setting_says_where_in_the_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    tables = [
+        {"table": "a.b", "columns": {"key_from": {"column": "s", "regex": "(", "replacement": ""}}}
+    ]
+    monkeypatch.setenv("CDC_RELAY_OUTBOX_TABLES", orjson.dumps(tables).decode())
+    with pytest.raises(ConfigError) as info:
+        load_settings(database_url="postgresql://h/db", kafka_bootstrap_servers="k:9092")
+    assert str(info.value).startswith(
+        "invalid configuration: CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: regex does not compile"
+    )
