@@ -244,3 +244,55 @@ def test_framework_outbox_topic_per_category_and_envelope(
     assert taken.header("causation_id") == b"msg-1"
     assert orjson.loads(taken.value or b"")["payload"] == [1, 2]
     assert orjson.loads(taken.value or b"")["metadata"] is None
+
+
+def test_whole_row_value_renders_column_types_alike_with_both_plugins(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(
+            b"CREATE TABLE typed_outbox (id uuid PRIMARY KEY, kind text,"
+            b" aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, n integer,"
+            b" big numeric, ratio float8,"
+            b" ok boolean, raw bytea, at timestamptz, tags text[])"
+        )
+    columns = {"aggregate_type": None, "headers": None, "created_at": None, "value": "row"}
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        outbox_table="public.typed_outbox",
+        outbox_columns=orjson.dumps(columns).decode(),
+        topic_template=f"{unique}.{{table}}",
+    )
+    topic = f"{unique}.typed_outbox"
+    broker.create_topic(topic, partitions=1)
+    event_id = str(uuid.uuid4())
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            conn.execute(
+                "INSERT INTO typed_outbox VALUES (%s, NULL, 'a-1', 'Typed', '{\"k\": [1, 2.50]}',"
+                " -7, 123456789012345678901234567890.10, 1.5, true, '\\x00ff'::bytea,"
+                " '2026-11-23 16:00:00+00', ARRAY['a', 'b c'])",
+                (event_id,),
+            )
+        (record,) = consume_all(broker.bootstrap_servers, [topic], 1, 30, grace=0.5)
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    assert record.key == b"a-1"
+    value = record.value or b""
+    row = orjson.loads(value)
+    assert row["id"] == event_id
+    assert row["kind"] is None
+    assert row["payload"] == {"k": [1, 2.5]}
+    assert row["n"] == -7
+    assert b'"big":123456789012345678901234567890.10' in value, "numeric digits as written"
+    assert row["ratio"] == 1.5
+    assert row["ok"] is True
+    assert base64.b64decode(row["raw"]) == b"\x00\xff"
+    assert row["at"].startswith("2026-11-23 16:00:00"), "a timestamp travels as its text"
+    assert row["tags"] == '{a,"b c"}', "an array travels as its text"
