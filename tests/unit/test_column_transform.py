@@ -19,6 +19,7 @@ from cdc_relay.column_transform import (
     TransformError,
     compile_transform,
     nested_repetition,
+    repetitions,
 )
 from cdc_relay.outbox import MalformedEvent
 
@@ -71,8 +72,12 @@ def test_the_whole_value_must_match_and_long_values_are_refused() -> None:
         ("(a)", "end\\", "lone backslash"),
         ("(a+)+", "$1", "exponential"),
         ("(a|aa)*", "$1", "exponential"),
+        (r"(\d+)+", "$1", "exponential"),
+        (r"(?:\w*\s)*", "", "exponential"),
         ("((ab)*c)+", "$1", "exponential"),
         ("(?:x*){2,}", "", "exponential"),
+        (".*.*.*.*x", "", "repeats 4 atoms"),
+        (r"(\w+)\.(\w+)\.(\w+)\.(\w+)", "$1", "repeats 4 atoms"),
         ("a" * 2000, "", "longer than"),
     ],
 )
@@ -82,10 +87,23 @@ def test_settings_that_are_refused(regex: str, replacement: str, reason: str) ->
 
 
 @pytest.mark.parametrize(
-    "regex", [STREAM, "(ab)+", "[(]+x", r"\(a+\)+", "(a+){1}", "(a+)?", "(?<=x)y", "x{2}"]
+    ("regex", "count"),
+    [
+        (STREAM, 3),
+        ("(ab)+", 1),
+        ("[(]+x", 1),
+        (r"\(a+\)+", 2),
+        ("(a+){1}", 1),
+        ("(a+)?", 1),
+        ("(?<=x)y", 0),
+        ("x{2}", 1),
+        ("x{0,1}y?", 0),
+    ],
 )
-def test_linear_patterns_are_accepted(regex: str) -> None:
+def test_patterns_without_nesting_are_accepted(regex: str, count: int) -> None:
     assert nested_repetition(regex) is None
+    assert repetitions(regex) == count
+    compile_transform(regex, "")
 
 
 @given(st.text(max_size=60))
