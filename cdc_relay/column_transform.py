@@ -25,7 +25,7 @@ like ``([^:]+)::([^-]+)-(.*)``, match in microseconds).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_INPUT = 1024  # characters of a column value a transform matches against
 MAX_REPETITIONS = 3  # repeated atoms in a pattern: matching costs up to MAX_INPUT ** this
@@ -45,6 +45,18 @@ class ColumnTransform:
 
     pattern: re.Pattern[str]
     parts: tuple[tuple[bool, _Part], ...]  # (is a group, literal text or group reference)
+    template: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The replacement as a str.format template over (group 0, group 1, …), unmatched "".
+        fields = []
+        for is_group, part in self.parts:
+            if not is_group:
+                fields.append(str(part).replace("{", "{{").replace("}", "}}"))
+            else:
+                number = self.pattern.groupindex[part] if isinstance(part, str) else part
+                fields.append(f"{{{number}}}")
+        object.__setattr__(self, "template", "".join(fields))
 
     def apply(self, value: str) -> str | None:
         """The replacement for ``value``, or None when it is too long or does not match."""
@@ -53,9 +65,7 @@ class ColumnTransform:
         match = self.pattern.fullmatch(value)
         if match is None:
             return None
-        return "".join(
-            (match.group(part) or "") if is_group else str(part) for is_group, part in self.parts
-        )
+        return self.template.format(match.group(0), *match.groups(""))
 
 
 def compile_transform(regex: str, replacement: str) -> ColumnTransform:
