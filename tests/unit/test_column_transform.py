@@ -51,6 +51,7 @@ def test_debezium_syntax_named_groups_and_escapes() -> None:
     assert compile_transform("(a)(b)", r"$$1\$2\\$2").apply("ab") == "$1$2\\b"
     # Java's rule: $12 is group 12 only when it exists, else group 1 then "2".
     assert compile_transform("(a)(b)", "$12").apply("ab") == "a2"
+    assert compile_transform("(?P<x>a)(b)", "{$0}{${x}}{}").apply("ab") == "{ab}{a}{}"
 
 
 def test_the_whole_value_must_match_and_long_values_are_refused() -> None:
