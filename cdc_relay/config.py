@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from cdc_relay import database_url
+from cdc_relay.column_transform import ColumnTransform, compile_transform
 from cdc_relay.database_url import redact_url
 from cdc_relay.errors import ConfigError
 
@@ -111,8 +112,48 @@ def sql_name(*parts: str) -> str:
     )
 
 
+class ValueShape(StrEnum):
+    """What a record's value is (``CDC_RELAY_OUTBOX_COLUMNS`` ``value``)."""
+
+    PAYLOAD = "payload"  # the payload column, as it is
+    ROW = "row"  # the whole row as a JSON object of its columns
+    ENVELOPE = "envelope"  # {"payload": ..., plus the columns placed in the envelope}
+
+
+class Placement(StrEnum):
+    HEADER = "header"
+    ENVELOPE = "envelope"
+
+
+class ColumnExpression(BaseModel):
+    """A column's value rewritten by a regular expression (see :mod:`cdc_relay.column_transform`):
+    ``{"column": "stream_name", "regex": "([^:]+)::([^-]+)-(.*)", "replacement": "$1.$2"}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str
+    regex: str
+    replacement: str
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} is not a plain column name")
+        return value
+
+    @model_validator(mode="after")
+    def _compiles(self) -> ColumnExpression:
+        self.compile()  # TransformError is a ValueError: pydantic reports it
+        return self
+
+    def compile(self) -> ColumnTransform:
+        return compile_transform(self.regex, self.replacement)
+
+
 class OutboxColumns(BaseModel):
-    """Column names of an outbox table; the defaults are ``sql/001_outbox.sql``'s.
+    """Column names of an outbox table and how a row becomes a record; the defaults are
+    ``sql/001_outbox.sql``'s and the plain mapping (value = payload).
 
     Debezium's default outbox table works with ``{"aggregate_type": "aggregatetype",
     "aggregate_id": "aggregateid", "event_type": "type"}``.
@@ -121,8 +162,8 @@ class OutboxColumns(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = "id"
-    aggregate_type: str = "aggregate_type"
-    aggregate_id: str = "aggregate_id"
+    aggregate_type: str | None = "aggregate_type"  # None: none (the topic must not need it)
+    aggregate_id: str | None = "aggregate_id"  # None: the key comes from key or key_from
     event_type: str = "event_type"
     payload: str = "payload"
     headers: str | None = "headers"  # a jsonb object whose entries become headers
@@ -130,6 +171,13 @@ class OutboxColumns(BaseModel):
     key: str | None = None  # a per-row Kafka key, instead of the aggregate id
     header_columns: tuple[str, ...] = ()  # further columns sent as headers named after them
     created_at: str | None = "created_at"  # what sweep retention measures; None: no retention
+    # The general mapper's options (cdc_relay.shaped_mapping); unset, the plain mapping runs.
+    topic_from: ColumnExpression | None = None  # topic = a transform of a column (not with topic)
+    key_from: ColumnExpression | None = None  # key = a transform of a column (not with key)
+    value: ValueShape = ValueShape.PAYLOAD
+    additional_placement: tuple[str, ...] = ()  # "column:header[:alias]", "column:envelope[:alias]"
+    expand_json_payload: bool = False  # a text/bytea payload embedded as JSON in row/envelope
+    tombstone_on_empty_payload: bool = False  # NULL or empty payload: a null value, not a refusal
 
     @field_validator(
         "id",
@@ -148,9 +196,90 @@ class OutboxColumns(BaseModel):
             raise ValueError(f"{value!r} is not a plain column name")
         return value
 
+    @field_validator("additional_placement")
+    @classmethod
+    def _placements(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            parse_placement(entry)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OutboxColumns:
+        if self.topic is not None and self.topic_from is not None:
+            raise ValueError("set topic (a column) or topic_from (an expression), not both")
+        if self.key is not None and self.key_from is not None:
+            raise ValueError("set key (a column) or key_from (an expression), not both")
+        if self.aggregate_id is None and self.key is None and self.key_from is None:
+            raise ValueError("without aggregate_id, the key needs key or key_from")
+        envelope = [p for p in self.placements if p[1] is Placement.ENVELOPE]
+        if envelope and self.value is not ValueShape.ENVELOPE:
+            raise ValueError('additional_placement to the envelope needs "value": "envelope"')
+        names = [alias for _, _, alias in envelope]
+        if "payload" in names or len(set(names)) != len(names):
+            raise ValueError("envelope fields must be distinct and not named payload")
+        return self
+
     @property
     def required(self) -> tuple[str, ...]:
-        return (self.id, self.aggregate_type, self.aggregate_id, self.event_type, self.payload)
+        """Columns every row needs (non-NULL); an unset optional one is left out."""
+        return tuple(
+            c
+            for c in (
+                self.id,
+                self.aggregate_type,
+                self.aggregate_id,
+                self.event_type,
+                self.payload,
+            )
+            if c is not None
+        )
+
+    @property
+    def mapped(self) -> tuple[str, ...]:
+        """Every column the mapping reads, which the table must have."""
+        wanted = [*self.required, *self.header_columns]
+        wanted += [c for c in (self.topic, self.key) if c is not None]
+        wanted += [e.column for e in (self.topic_from, self.key_from) if e is not None]
+        wanted += [column for column, _, _ in self.placements]
+        return tuple(dict.fromkeys(wanted))
+
+    @property
+    def placements(self) -> tuple[tuple[str, Placement, str], ...]:
+        """additional_placement as (column, placement, name in the header or envelope)."""
+        return tuple(parse_placement(entry) for entry in self.additional_placement)
+
+    def plain(self) -> bool:
+        """Whether the plain (fast) mapping covers these columns."""
+        return (
+            self.aggregate_type is not None
+            and self.aggregate_id is not None
+            and self.topic_from is None
+            and self.key_from is None
+            and self.value is ValueShape.PAYLOAD
+            and not self.additional_placement
+            and not self.expand_json_payload
+            and not self.tombstone_on_empty_payload
+        )
+
+
+def parse_placement(entry: str) -> tuple[str, Placement, str]:
+    """Debezium's ``column:header[:alias]`` / ``column:envelope[:alias]``."""
+    parts = entry.split(":")
+    if len(parts) not in (2, 3) or not _IDENTIFIER.match(parts[0]):
+        raise ValueError(f"{entry!r} is not column:header[:alias] or column:envelope[:alias]")
+    try:
+        place = Placement(parts[1])
+    except ValueError:
+        raise ValueError(f"{entry!r}: the placement is header or envelope") from None
+    alias = parts[2] if len(parts) == 3 else parts[0]
+    if not alias or "\x00" in alias:
+        raise ValueError(f"{entry!r}: the alias is empty")
+    return parts[0], place, alias
+
+
+def needs_aggregate_type(template: str) -> bool:
+    """Whether a topic template uses the aggregate type."""
+    return any(name == "aggregate_type" for _, name, _, _ in string.Formatter().parse(template))
 
 
 class OutboxTable(BaseModel):
@@ -223,7 +352,9 @@ class Settings(BaseSettings):
         default_factory=OutboxColumns,
         description=(
             'Column names of the outbox table as JSON, e.g. {"aggregate_type": "aggregatetype"}; '
-            "also topic, key, header_columns."
+            "also topic, key, header_columns, and the mapping options topic_from, key_from, value, "
+            "additional_placement, expand_json_payload, tombstone_on_empty_payload (README: "
+            "Adopting an existing outbox)."
         ),
     )
     outbox_tables: tuple[OutboxTable, ...] = Field(
@@ -408,6 +539,23 @@ class Settings(BaseSettings):
                 f"{env_name('leader_lease_timeout')} must be at least twice "
                 f"{env_name('leader_renew_interval')}: one late renewal must not lose the lease"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _topics_need(self) -> Settings:
+        for table in self.tables():
+            columns = table.columns
+            template = table.topic_template or self.topic_template
+            if (
+                columns.aggregate_type is None
+                and columns.topic_from is None
+                and needs_aggregate_type(template)
+            ):
+                field = "outbox_tables" if self.outbox_tables else "outbox_columns"
+                raise ValueError(
+                    f"{env_name(field)}: {table.table} has no aggregate_type column, but its topic "
+                    "template uses {aggregate_type}: set topic_from or a template without it"
+                )
         return self
 
     @field_validator("topic_allowlist")
@@ -634,7 +782,13 @@ def load_settings(**overrides: Any) -> Settings:
             reason = "is required" if error["type"] == "missing" else error["msg"]
             reason = reason.removeprefix("Value error, ")
             if error["loc"]:
-                problems.append(f"{env_name(str(error['loc'][0]))}: {reason}")
+                # Where inside a JSON setting: "CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: …"
+                inner = "".join(
+                    f"[{part}]" if isinstance(part, int) else f".{part}"
+                    for part in error["loc"][1:]
+                ).lstrip(".")
+                where = f"{inner}: " if inner else ""
+                problems.append(f"{env_name(str(error['loc'][0]))}: {where}{reason}")
             else:  # a rule between settings: its message names them
                 problems.append(reason)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -37,7 +37,7 @@ MAX_JSON_DEPTH = 1024  # what orjson, the fast check, takes
 class OutboxRecord(NamedTuple):
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone (tombstone_on_empty_payload)
     headers: list[tuple[str, bytes]]
     event_id: str
     traceparent: bytes | None = None  # also headers[3] when set
@@ -68,14 +68,15 @@ class OutboxMapping:
         self.relation = relation
         self.table = f"{relation.namespace}.{relation.name}"
         positions = {column.name: i for i, column in enumerate(relation.columns)}
-        wanted = [*columns.required, *columns.header_columns]
-        wanted += [c for c in (columns.topic, columns.key) if c is not None]
-        self.missing = [name for name in wanted if name not in positions]
+        self.missing = [name for name in columns.mapped if name not in positions]
         self._columns = columns
         self._positions = positions
         self._template = topic_template
         self._topics: dict[tuple[bytes, bytes], str] = {}
         if not self.missing:
+            # OutboxColumns.plain(): both are set (shaped_mapping.outbox_mapping chooses).
+            assert columns.aggregate_type is not None
+            assert columns.aggregate_id is not None
             self._id = positions[columns.id]
             self._aggregate_type = positions[columns.aggregate_type]
             self._aggregate_id = positions[columns.aggregate_id]
@@ -103,9 +104,9 @@ class OutboxMapping:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""
         record = self._map(row)
         if self._payload_type == _BYTEA_OID:
-            value = bytea_bytes(record.value, record.event_id)
+            value = bytea_bytes(record.value or b"", record.event_id)
         else:
-            value = record.value
+            value = record.value or b""
             check_json(value, "payload", record.event_id)
         return record._replace(value=value)
 
@@ -176,8 +177,8 @@ class OutboxMapping:
         columns = self._columns
         event_id = _text(row, self._id, columns.id, None)
         for index, name in (
-            (self._aggregate_type, columns.aggregate_type),
-            (self._aggregate_id, columns.aggregate_id),
+            (self._aggregate_type, columns.aggregate_type or "aggregate_type"),
+            (self._aggregate_id, columns.aggregate_id or "aggregate_id"),
             (self._event_type, columns.event_type),
             (self._payload, columns.payload),
         ):

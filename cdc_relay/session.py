@@ -70,6 +70,7 @@ from cdc_relay.replication.protocol import (
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
+from cdc_relay.shaped_mapping import outbox_mapping
 from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
 from cdc_relay.watermark import PendingTransaction
 
@@ -292,7 +293,7 @@ class Session:
         if table is None:
             self.mappings.pop(relation.relation_id, None)
             return
-        mapping = OutboxMapping(
+        mapping = outbox_mapping(
             relation,
             table.topic_template or self.settings.topic_template,
             self.settings.traceparent_column,

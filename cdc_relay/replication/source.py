@@ -236,9 +236,7 @@ def missing_columns(conn: Connection, table: OutboxTable) -> list[str] | None:
     ).fetchall()
     present = {str(r[0]) for r in rows}
     columns = table.columns
-    wanted = [*columns.required, *columns.header_columns]
-    wanted += [c for c in (columns.topic, columns.key) if c is not None]
-    return [c for c in wanted if c not in present]
+    return [c for c in columns.mapped if c not in present]
 
 
 HEARTBEAT_PREFIX = "cdc_relay_heartbeat"
