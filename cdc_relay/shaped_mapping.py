@@ -191,7 +191,7 @@ class ShapedMapping(OutboxMapping):
         key = _optional(row, self._aggregate_id_at, columns.aggregate_id, event_id)
         if key is None:
             what = columns.aggregate_id or "aggregate_id (not mapped)"
-            raise MalformedEvent(f"no key: column {what} is NULL", event_id)
+            raise MalformedEvent(f"column {what} is NULL", event_id)
         return key
 
     def _route(
