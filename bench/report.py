@@ -207,8 +207,12 @@ def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
              f"{relay['rows_per_s_after_startup']:,} ({result['ratio_after_startup']:.2f})"),
         ]  # fmt: skip
         notes: list[str] = []
+        if relay.get("on_broker", result["rows"]) > result["rows"]:
+            notes.append(f"  cdc-relay: {relay['on_broker'] - result['rows']:,} duplicates")
         for name, peer in result.get("peers", {}).items():
             if "seconds" in peer:
+                if peer["on_broker"] > result["rows"]:
+                    notes.append(f"  {name}: {peer['on_broker'] - result['rows']:,} duplicates")
                 rows.append(
                     (name, f"{peer['rows_per_s']:,}", f"{peer['ratio']:.2f}",
                      _num(peer["cpu_us_per_event"]), _num(peer["startup_s"], 2),
