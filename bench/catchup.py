@@ -315,8 +315,6 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Field by field: the median of numbers, the worst exit code, the fewest rows published and
     the most records on the broker (duplicates show)."""
-    if len(runs) == 1:
-        return dict(runs[0])
     out: dict[str, Any] = {}
     for key, value in runs[0].items():
         if key == "round":
@@ -335,6 +333,11 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _median_index(runs: list[dict[str, Any]]) -> int:
+    """The run whose time is the median (the lower one of an even count): its throughput curve."""
+    return sorted(range(len(runs)), key=lambda i: runs[i]["seconds"])[(len(runs) - 1) // 2]
 
 
 def _ratios(base: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -429,9 +432,6 @@ def catchup_scenario(
             )
     relay = _median(relay_runs)
     relay["settings"] = settings[RELAY]
-    median_round = sorted(range(len(relay_runs)), key=lambda i: relay_runs[i]["seconds"])[
-        (len(relay_runs) - 1) // 2
-    ]
     result: dict[str, Any] = {
         "kind": "catchup",
         "plugin": plugin,
@@ -445,7 +445,7 @@ def catchup_scenario(
         "pg_recvlogical": _median(base),
         "relay": relay,
         **_ratios(base, relay_runs),
-        "throughput": throughputs[RELAY][median_round],
+        "throughput": throughputs[RELAY][_median_index(relay_runs)],
         "per_round": {program: runs for program, runs in measured.items()},
     }
     if peer is not None:
@@ -461,7 +461,11 @@ def catchup_scenario(
                 peers[program] = (
                     _median(runs)
                     | _ratios([base[i] for i in rounds_of], runs)
-                    | {"python": peer.base_version, "settings": settings[program]}
+                    | {
+                        "python": peer.base_version,
+                        "settings": settings[program],
+                        "throughput": throughputs[program][_median_index(runs)],
+                    }
                 )
         result["peers"] = peers
     return result
