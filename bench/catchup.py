@@ -172,6 +172,7 @@ def time_relay(
     startup_cpu: float | None = None
     startup_s: float | None = None
     broker_s: float | None = None
+    first_s: float | None = None
     with (
         psycopg.connect(url, autocommit=True) as conn,
         BrokerCounter(bootstrap, TOPIC) as counter,
@@ -180,6 +181,8 @@ def time_relay(
         next_sample = relay.started
         while True:
             now = time.perf_counter()
+            if first_s is None and counter.count:
+                first_s = now - relay.started
             if broker_s is None and counter.count >= rows:
                 broker_s = now - relay.started
             if confirmed_lsn(conn, slot) > inside_last:
@@ -218,6 +221,7 @@ def time_relay(
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
         "startup_seconds": elapsed if startup_s is None else startup_s,
         "broker_seconds": broker_s,
+        "first_on_broker_seconds": first_s,
         "peak_rss_mb": rss,
         "published": published,
         "on_broker": on_broker,
@@ -240,11 +244,14 @@ def time_peer(
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
     startup_s: float | None = None
+    first_s: float | None = None
     with BrokerCounter(bootstrap, PEER_TOPIC) as counter, PeerChild(runtime, config) as peer:
         next_sample = peer.started + SAMPLE_INTERVAL
         while True:
             counter.wait(POLL_INTERVAL)
             now = time.perf_counter()
+            if first_s is None and counter.count:
+                first_s = now - peer.started
             if counter.count >= rows:
                 break
             peer.check_alive()
@@ -274,6 +281,7 @@ def time_peer(
         "cpu_seconds": cpu,
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
         "startup_seconds": elapsed if startup_s is None else startup_s,
+        "first_on_broker_seconds": first_s,
         "peak_rss_mb": rss,
         "published": published,
         "on_broker": counter.count,
@@ -305,8 +313,9 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
             "published": measured["published"],
             "exit_code": measured["exit_code"],
         }
-    if measured.get("broker_seconds") is not None:
-        out["broker_seconds"] = round(measured["broker_seconds"], 3)
+    for key in ("broker_seconds", "first_on_broker_seconds"):
+        if measured.get(key) is not None:
+            out[key.replace("seconds", "s")] = round(measured[key], 3)
     if "on_broker" in measured:
         out["on_broker"] = measured["on_broker"]
     return out

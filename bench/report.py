@@ -192,7 +192,7 @@ def _grid(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[i
 
 def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
     """Per catch-up scenario, every program on the same WAL: the comparison of issue 17."""
-    header = ("program", "rows/s", "ratio", "CPU µs/row", "start-up s",
+    header = ("program", "rows/s", "ratio", "CPU µs/row", "start-up s", "1st record s",
               "after start-up: rows/s (ratio)")  # fmt: skip
     tables: list[str] = []
     for key, result in scenarios.items():
@@ -201,9 +201,10 @@ def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
         base, relay = result["pg_recvlogical"], result["relay"]
         rows = [
             ("pg_recvlogical (to /dev/null)", f"{base['rows_per_s']:,}", "1",
-             _num(base["cpu_us_per_event"]), "", ""),
+             _num(base["cpu_us_per_event"]), "", "", ""),
             ("cdc-relay", f"{relay['rows_per_s']:,}", f"{result['ratio']:.2f}",
              _num(relay["cpu_us_per_event"]), _num(relay["startup_s"], 2),
+             _num(relay.get("first_on_broker_s"), 2),
              f"{relay['rows_per_s_after_startup']:,} ({result['ratio_after_startup']:.2f})"),
         ]  # fmt: skip
         notes: list[str] = []
@@ -216,16 +217,17 @@ def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
                 rows.append(
                     (name, f"{peer['rows_per_s']:,}", f"{peer['ratio']:.2f}",
                      _num(peer["cpu_us_per_event"]), _num(peer["startup_s"], 2),
+                     _num(peer.get("first_on_broker_s"), 2),
                      f"{peer['rows_per_s_after_startup']:,} ({peer['ratio_after_startup']:.2f})")
                 )  # fmt: skip
             else:
                 why = "skipped" if "skipped" in peer else "failed"
-                rows.append((name, why, "", "", "", ""))
+                rows.append((name, why, "", "", "", "", ""))
                 notes.append(f"  {name} {why}: {peer[why].splitlines()[0]}")
         rounds = result.get("rounds", 1)
         done = f"{rounds} interleaved rounds, medians" if rounds > 1 else "one round"
         heading = f"{title(key, result)}: each program on its own copy of one slot, {done}"
-        tables.append("\n".join([heading, *_grid(header, rows, {1, 2, 3, 4}), *notes]))
+        tables.append("\n".join([heading, *_grid(header, rows, {1, 2, 3, 4, 5}), *notes]))
     return tables
 
 

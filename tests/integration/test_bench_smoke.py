@@ -73,6 +73,7 @@ def _assert_peers(result: dict[str, Any], stdout: str, expected: peer.PeerRuntim
         for metric in ("seconds", "rows_per_s", "ratio", "startup_s", "cpu_s"):
             _positive(measured, metric)
         assert measured["startup_s"] < measured["seconds"]
+        assert 0 < measured["first_on_broker_s"] <= measured["seconds"]
         assert measured["exit_code"] == 0  # stopped cleanly by SIGTERM
         assert measured["settings"]["input"]["postgres_cdc"]["url"] == "(bench database)"
         assert row.split()[len(name.split())] == f"{measured['rows_per_s']:,}"

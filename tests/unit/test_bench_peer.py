@@ -153,10 +153,11 @@ def test_the_programs_table_reports_a_peer_that_ran_and_its_duplicates() -> None
     name = f"{peer.NAME} defaults"
     ran = _program(
         1.25, startup_s=0.25, rows_per_s_after_startup=1000, ratio=0.8,
-        ratio_after_startup=1.0, on_broker=1003, published=1000,
+        ratio_after_startup=1.0, on_broker=1003, published=1000, first_on_broker_s=0.5,
     )  # fmt: skip
     (text,) = programs_table(_scenario({name: ran}))
     row = next(line for line in text.splitlines() if line.startswith(name))
-    assert row.split()[len(name.split()) :] == ["800", "0.80", "10.0", "0.25", "1,000", "(1.00)"]
+    cells = ["800", "0.80", "10.0", "0.25", "0.50", "1,000", "(1.00)"]
+    assert row.split()[len(name.split()) :] == cells
     assert f"{name}: 3 duplicates" in text
     assert "pg_recvlogical (to /dev/null)" in text
