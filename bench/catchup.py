@@ -1,13 +1,23 @@
-"""Catch-up benchmark: the relay against ``pg_recvlogical`` reading the identical WAL.
+"""Catch-up benchmark: the relay and its Rust peer against ``pg_recvlogical``, on identical WAL.
 
-A backlog of outbox rows is committed before anything reads the slot. The slot is copied
-(``pg_copy_logical_replication_slot``) so that PostgreSQL's own client, ``pg_recvlogical``, decodes
-exactly the same WAL with the relay's own plugin options to /dev/null: the ceiling for any
-consumer of that plugin on this machine. Then the relay starts on the original slot, and is timed
-from its launch until the slot is confirmed past an LSN inside the last transaction, i.e. until
-Kafka acknowledged every event. Reported as a ratio measured in the same run.
+A backlog of outbox rows is committed before anything reads the template slot. Every program
+then runs on its own copy of that slot (``pg_copy_logical_replication_slot``, made just before
+it starts), so each decodes exactly the same WAL from the same position:
 
-    python -m bench.catchup --rows 200000 --per-txn 10 [--json results.json]
+- ``pg_recvlogical``, PostgreSQL's own client, with the relay's own plugin options, to /dev/null:
+  the ceiling for any consumer of that plugin on this machine;
+- the relay, timed from its launch until its slot is confirmed past an LSN inside the last
+  transaction, i.e. until Kafka acknowledged every event;
+- mq-bridge (``bench.peer``), at its defaults and tuned, timed from its launch until every row
+  arrived in its topic, counted on the broker.
+
+Each Kafka program gets a fresh broker, and the records that arrive are counted while it runs
+(for the relay too, so that every Kafka program shares the machine with the same counter). CPU is
+utime + stime of the whole process from /proc (all threads, waited-for children included), for
+``pg_recvlogical`` from ``wait4()``. With ``rounds`` > 1 the programs are interleaved, each round
+in a rotated order, and the medians are reported; ratios are taken within a round.
+
+    python -m bench.catchup --rows 200000 --per-txn 10 [--rounds 5] [--json results.json]
 
 ``python -m bench`` runs this (three sizes) together with the steady-state scenarios.
 """
@@ -16,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -23,31 +35,38 @@ from typing import Any
 
 import psycopg
 
+from bench import peer as peer_module
 from bench.harness import (
-    COPY,
     PAD,
     PUBLICATION,
     SLOT,
     TOPIC,
     TOPIC_PARTITIONS,
+    BrokerCounter,
     RelayChild,
     confirmed_lsn,
+    cpu_seconds_with_children,
     create_outbox,
     current_lsn,
     machine_facts,
 )
+from bench.peer import PeerChild, PeerRuntime
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.postgres_binaries import find_bindir
 from cdc_relay.lsn import format_lsn
 
-SAMPLE_INTERVAL = 0.2  # seconds between throughput samples (/status `published`)
-POLL_INTERVAL = 0.02  # seconds between reads of the slot's confirmed position
+SAMPLE_INTERVAL = 0.2  # seconds between throughput samples
+POLL_INTERVAL = 0.02  # seconds between reads of the slot's confirmed position / the broker
+RECVLOGICAL, RELAY = "pg_recvlogical", "relay"
+PEER_TOPIC = "bench.peer"
+PEER_MIN_SECONDS = 60.0  # a peer run that has not delivered every row by then failed
+PEER_MIN_ROWS_PER_S = 2_000.0  # ... or, for big backlogs, by rows / this
 
 
 def write_backlog(url: str, rows: int, per_txn: int) -> tuple[int, int, float]:
-    """Commit ``rows`` outbox rows, ``per_txn`` per transaction, then copy the slot.
+    """Commit ``rows`` outbox rows, ``per_txn`` per transaction, while no slot is read.
 
     Returns an LSN inside the last transaction, the WAL bytes written and the seconds it took.
     """
@@ -69,8 +88,28 @@ def write_backlog(url: str, rows: int, per_txn: int) -> tuple[int, int, float]:
         conn.execute("CALL fill(1, %s, %s)", (per_txn, PAD))
         elapsed = time.perf_counter() - started
         wal_bytes = current_lsn(conn) - start_lsn
-        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (SLOT, COPY))
     return inside_last, wal_bytes, elapsed
+
+
+def copy_slot(url: str, name: str) -> str:
+    """A fresh copy of the template slot: the program reading it starts where every other did."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (SLOT, name))
+    return name
+
+
+def drop_slot(url: str, name: str, timeout: float = 10.0) -> None:
+    """Drop a copy once its reader is gone (a walsender may take a moment to release it)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def recvlogical_options(plugin: str) -> dict[str, str]:
@@ -89,34 +128,40 @@ def recvlogical_options(plugin: str) -> dict[str, str]:
     return plugin_options_for(settings)
 
 
-def time_recvlogical(url: str, end: int, plugin: str) -> float:
-    """Seconds ``pg_recvlogical`` takes to stream the copied slot up to ``end`` to /dev/null."""
+def time_recvlogical(url: str, slot: str, end: int, plugin: str) -> dict[str, Any]:
+    """``pg_recvlogical`` streams ``slot`` up to ``end`` to /dev/null: seconds and CPU."""
     options = recvlogical_options(plugin)
     command = [
         str(find_bindir() / "pg_recvlogical"),
-        "-d", url, "-S", COPY, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
+        "-d", url, "-S", slot, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
         *(item for key, value in options.items() for item in ("-o", f"{key}={value}")),
     ]  # fmt: skip
     started = time.perf_counter()
-    subprocess.run(command, check=True)
+    proc = subprocess.Popen(command)
+    _, status, usage = os.wait4(proc.pid, 0)  # its rusage: what /proc cannot give after exit
     elapsed = time.perf_counter() - started
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (COPY,))  # release its WAL
-    return elapsed
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, command[0])
+    return {"seconds": elapsed, "cpu_seconds": usage.ru_utime + usage.ru_stime}
 
 
 def time_relay(
     url: str,
     bootstrap: str,
+    *,
+    slot: str,
+    rows: int,
     inside_last: int,
     plugin: str,
     relay_settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Start the relay on the slot; time it until the slot is confirmed past ``inside_last``."""
+    """Start the relay on ``slot``; time it until the slot is confirmed past ``inside_last``."""
     relay = RelayChild(
         url,
         bootstrap,
         plugin,
+        slot=slot,
         **{
             "confirm_interval": "0.05",  # timing resolution, not a tuning
             **(relay_settings or {}),
@@ -126,11 +171,21 @@ def time_relay(
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
     startup_s: float | None = None
-    with psycopg.connect(url, autocommit=True) as conn, relay:
+    broker_s: float | None = None
+    first_s: float | None = None
+    with (
+        psycopg.connect(url, autocommit=True) as conn,
+        BrokerCounter(bootstrap, TOPIC) as counter,
+        relay,
+    ):
         next_sample = relay.started
         while True:
             now = time.perf_counter()
-            if confirmed_lsn(conn) > inside_last:
+            if first_s is None and counter.count:
+                first_s = now - relay.started
+            if broker_s is None and counter.count >= rows:
+                broker_s = now - relay.started
+            if confirmed_lsn(conn, slot) > inside_last:
                 break
             relay.check_alive()
             if startup_cpu is None or now >= next_sample:
@@ -139,32 +194,171 @@ def time_relay(
                     if startup_cpu is None and status["streaming"]:
                         # Start-up cost: imports, connections, slot checks (read within ~20 ms
                         # of the session starting, so it includes a little streaming work).
-                        startup_cpu = relay.cpu_seconds()
+                        startup_cpu = cpu_seconds_with_children(relay.pid)
                         startup_s = now - relay.started
                     if now >= next_sample:
                         samples_t.append(round(now - relay.started, 3))
                         samples_published.append(int(status["published"]))
                 if now >= next_sample:
                     next_sample += SAMPLE_INTERVAL
-            time.sleep(POLL_INTERVAL)
+            counter.wait(POLL_INTERVAL)
         elapsed = time.perf_counter() - relay.started
-        cpu = relay.cpu_seconds()
+        cpu = cpu_seconds_with_children(relay.pid)
         rss = relay.peak_rss_mb()
         published = relay.published() or 0
         samples_t.append(round(elapsed, 3))
         samples_published.append(published)
         exit_code = relay.stop()
+        deadline = time.monotonic() + 10.0
+        while counter.count < rows and time.monotonic() < deadline:
+            counter.wait(POLL_INTERVAL)  # every acknowledged record is there, or it is missing
+        if broker_s is None and counter.count >= rows:
+            broker_s = elapsed  # seen only after the confirmation: no earlier than this
+        on_broker = counter.count
     return {
         "seconds": elapsed,
         "cpu_seconds": cpu,
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
         "startup_seconds": elapsed if startup_s is None else startup_s,
+        "broker_seconds": broker_s,
+        "first_on_broker_seconds": first_s,
         "peak_rss_mb": rss,
         "published": published,
+        "on_broker": on_broker,
         "exit_code": exit_code,
         "settings": relay.settings,
         "throughput": {"t": samples_t, "published": samples_published},
     }
+
+
+def time_peer(
+    runtime: PeerRuntime, url: str, bootstrap: str, *, slot: str, rows: int, variant: str
+) -> dict[str, Any]:
+    """Start mq-bridge on ``slot``; time it until ``rows`` records arrived in its topic."""
+    config = peer_module.route_config(
+        url, slot=slot, publication=PUBLICATION, bootstrap=bootstrap, topic=PEER_TOPIC,
+        variant=variant,
+    )  # fmt: skip
+    timeout = max(PEER_MIN_SECONDS, rows / PEER_MIN_ROWS_PER_S)
+    samples_t: list[float] = [0.0]
+    samples_published: list[int] = [0]
+    startup_cpu: float | None = None
+    startup_s: float | None = None
+    first_s: float | None = None
+    with BrokerCounter(bootstrap, PEER_TOPIC) as counter, PeerChild(runtime, config) as peer:
+        next_sample = peer.started + SAMPLE_INTERVAL
+        while True:
+            counter.wait(POLL_INTERVAL)
+            now = time.perf_counter()
+            if first_s is None and counter.count:
+                first_s = now - peer.started
+            if counter.count >= rows:
+                break
+            peer.check_alive()
+            if startup_cpu is None and peer.ready():
+                startup_cpu = peer.cpu_seconds()  # the route is deployed: replication started
+                startup_s = now - peer.started
+            if now >= next_sample:
+                samples_t.append(round(now - peer.started, 3))
+                samples_published.append(counter.count)
+                next_sample += SAMPLE_INTERVAL
+            if now - peer.started > timeout:
+                raise RuntimeError(
+                    f"{peer_module.NAME} delivered {counter.count} of {rows} rows in "
+                    f"{timeout:.0f}s:\n{peer.log()}"
+                )
+        elapsed = now - peer.started
+        cpu = peer.cpu_seconds()
+        rss = peer.peak_rss_mb()
+        samples_t.append(round(elapsed, 3))
+        samples_published.append(counter.count)
+        published = counter.count
+        exit_code = peer.stop()
+        counter.wait(0.2)  # at-least-once: a duplicate would arrive by now, after its flush
+    config["input"]["postgres_cdc"]["url"] = "(bench database)"
+    return {
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
+        "startup_seconds": elapsed if startup_s is None else startup_s,
+        "first_on_broker_seconds": first_s,
+        "peak_rss_mb": rss,
+        "published": published,
+        "on_broker": counter.count,
+        "exit_code": exit_code,
+        "settings": config,
+        "throughput": {"t": samples_t, "published": samples_published},
+    }
+
+
+def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
+    """One program's run as reported: rates, CPU per row, start-up."""
+    seconds = float(measured["seconds"])
+    out: dict[str, Any] = {
+        "seconds": round(seconds, 3),
+        "rows_per_s": round(rows / seconds),
+        "cpu_s": round(measured["cpu_seconds"], 3),
+        "cpu_us_per_event": round(measured["cpu_seconds"] / rows * 1e6, 2),
+    }
+    if "startup_seconds" in measured:
+        streaming = seconds - float(measured["startup_seconds"])
+        out |= {
+            "startup_s": round(measured["startup_seconds"], 3),
+            "rows_per_s_after_startup": round(rows / streaming),
+            "startup_cpu_s": round(measured["startup_cpu_seconds"], 3),
+            "cpu_us_per_event_after_startup": round(
+                (measured["cpu_seconds"] - measured["startup_cpu_seconds"]) / rows * 1e6, 2
+            ),
+            "peak_rss_mb": round(measured["peak_rss_mb"], 1),
+            "published": measured["published"],
+            "exit_code": measured["exit_code"],
+        }
+    for key in ("broker_seconds", "first_on_broker_seconds"):
+        if measured.get(key) is not None:
+            out[key.replace("seconds", "s")] = round(measured[key], 3)
+    if "on_broker" in measured:
+        out["on_broker"] = measured["on_broker"]
+    return out
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Field by field: the median of numbers, the worst exit code, the fewest rows published and
+    the most records on the broker (duplicates show)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if key == "round":
+            continue
+        values = [run[key] for run in runs if key in run]
+        if key == "exit_code":
+            out[key] = max(values, key=abs)
+        elif key == "published":
+            out[key] = min(values)
+        elif key == "on_broker":
+            out[key] = max(values)
+        elif isinstance(value, int | float):
+            middle = statistics.median(values)
+            whole = all(isinstance(v, int) for v in values)
+            out[key] = round(middle) if whole else round(middle, 3)
+        else:
+            out[key] = value
+    return out
+
+
+def _median_index(runs: list[dict[str, Any]]) -> int:
+    """The run whose time is the median (the lower one of an even count): its throughput curve."""
+    return sorted(range(len(runs)), key=lambda i: runs[i]["seconds"])[(len(runs) - 1) // 2]
+
+
+def _ratios(base: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Within each round, ``pg_recvlogical``'s time over the program's; medians over rounds."""
+    ratio = [b["seconds"] / r["seconds"] for b, r in zip(base, runs, strict=True)]
+    out = {"ratio": round(statistics.median(ratio), 3)}
+    if all("startup_s" in r for r in runs):
+        after = [
+            b["seconds"] / (r["seconds"] - r["startup_s"]) for b, r in zip(base, runs, strict=True)
+        ]
+        out["ratio_after_startup"] = round(statistics.median(after), 3)
+    return out
 
 
 def catchup_scenario(
@@ -175,25 +369,79 @@ def catchup_scenario(
     plugin: str = "pgoutput",
     *,
     relay_settings: dict[str, str] | None = None,
+    rounds: int = 1,
+    peer: PeerRuntime | str | None = None,
 ) -> dict[str, Any]:
-    """One catch-up measurement in a fresh database and a fresh broker."""
+    """One catch-up scenario in a fresh database: ``rounds`` interleaved runs of every program.
+
+    ``peer``: mq-bridge's runtime to run it too, the reason it is skipped, or None (not part of
+    this scenario).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    peer_names = [f"{peer_module.NAME} {variant}" for variant in peer_module.VARIANTS]
+    programs = [RECVLOGICAL, RELAY, *(peer_names if isinstance(peer, PeerRuntime) else [])]
+    measured: dict[str, list[dict[str, Any]]] = {program: [] for program in programs}
+    throughputs: dict[str, list[dict[str, list[Any]]]] = {program: [] for program in programs}
+    settings: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    orders: list[list[str]] = []
     url = server.create_database(name)
     try:
-        with LocalBroker() as broker:
-            broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
-            create_outbox(url, plugin)
-            inside_last, wal_bytes, write_s = write_backlog(url, rows, per_txn)
-            with psycopg.connect(url, autocommit=True) as conn:
-                end = current_lsn(conn)
-            recvlogical = time_recvlogical(url, end, plugin)
-            relay = time_relay(url, broker.bootstrap_servers, inside_last, plugin, relay_settings)
+        create_outbox(url, plugin)  # the template slot: nothing ever reads it
+        inside_last, wal_bytes, write_s = write_backlog(url, rows, per_txn)
+        with psycopg.connect(url, autocommit=True) as conn:
+            end = current_lsn(conn)
+
+        def run_one(program: str, slot: str) -> dict[str, Any]:
+            if program == RECVLOGICAL:
+                return time_recvlogical(url, slot, end, plugin)
+            with LocalBroker() as broker:
+                if program == RELAY:
+                    broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+                    return time_relay(
+                        url, broker.bootstrap_servers, slot=slot, rows=rows,
+                        inside_last=inside_last, plugin=plugin, relay_settings=relay_settings,
+                    )  # fmt: skip
+                assert isinstance(peer, PeerRuntime)
+                broker.create_topic(PEER_TOPIC, partitions=TOPIC_PARTITIONS)
+                variant = list(peer_module.VARIANTS)[peer_names.index(program)]
+                return time_peer(
+                    peer, url, broker.bootstrap_servers, slot=slot, rows=rows, variant=variant
+                )
+
+        for number in range(rounds):
+            shift = number % len(programs)
+            order = [p for p in programs[shift:] + programs[:shift] if p not in failed]
+            orders.append(order)
+            for program in order:
+                slot = copy_slot(url, f"bench_{programs.index(program)}_r{number}")
+                try:
+                    measurement = run_one(program, slot)
+                except Exception as exc:
+                    if program in (RECVLOGICAL, RELAY):
+                        raise
+                    failed[program] = f"{type(exc).__name__}: {exc}"[:2000]
+                    continue
+                finally:
+                    drop_slot(url, slot)
+                throughputs[program].append(measurement.pop("throughput", {}))
+                settings[program] = measurement.pop("settings", None)
+                measured[program].append(_summary(rows, measurement) | {"round": number + 1})
     finally:
         server.drop_database(name)
-    if relay["published"] < rows:
-        raise RuntimeError(f"slot confirmed but only {relay['published']} of {rows} published")
-    relay_seconds = float(relay["seconds"])
-    streaming_seconds = relay_seconds - float(relay["startup_seconds"])
-    return {
+
+    base = measured[RECVLOGICAL]
+    relay_runs = measured[RELAY]
+    for run in relay_runs:
+        if min(run["published"], run["on_broker"]) < rows:
+            raise RuntimeError(
+                f"slot confirmed but only {run['published']} of {rows} published and "
+                f"{run['on_broker']} on the broker"
+            )
+    relay = _median(relay_runs)
+    relay["settings"] = settings[RELAY]
+    result: dict[str, Any] = {
         "kind": "catchup",
         "plugin": plugin,
         "rows": rows,
@@ -201,45 +449,57 @@ def catchup_scenario(
         "transactions": rows // per_txn,
         "backlog_write_s": round(write_s, 3),
         "wal_mb": round(wal_bytes / 1024 / 1024, 1),
-        "pg_recvlogical": {
-            "seconds": round(recvlogical, 3),
-            "rows_per_s": round(rows / recvlogical),
-        },
-        "relay": {
-            "seconds": round(relay_seconds, 3),
-            "rows_per_s": round(rows / relay_seconds),
-            "cpu_s": round(relay["cpu_seconds"], 3),
-            "cpu_us_per_event": round(relay["cpu_seconds"] / rows * 1e6, 2),
-            "startup_s": round(relay["startup_seconds"], 3),
-            "rows_per_s_after_startup": round(rows / streaming_seconds),
-            "startup_cpu_s": round(relay["startup_cpu_seconds"], 3),
-            "cpu_us_per_event_after_startup": round(
-                (relay["cpu_seconds"] - relay["startup_cpu_seconds"]) / rows * 1e6, 2
-            ),
-            "peak_rss_mb": round(relay["peak_rss_mb"], 1),
-            "published": relay["published"],
-            "exit_code": relay["exit_code"],
-            "settings": relay["settings"],
-        },
-        "ratio": round(recvlogical / relay_seconds, 3),
-        "ratio_after_startup": round(recvlogical / streaming_seconds, 3),
-        "throughput": relay["throughput"],
+        "rounds": rounds,
+        "order": orders,
+        "pg_recvlogical": _median(base),
+        "relay": relay,
+        **_ratios(base, relay_runs),
+        "throughput": throughputs[RELAY][_median_index(relay_runs)],
+        "per_round": {program: runs for program, runs in measured.items()},
     }
+    if peer is not None:
+        peers: dict[str, Any] = {}
+        for program in peer_names:
+            if isinstance(peer, str):
+                peers[program] = {"skipped": peer}
+            elif program in failed:
+                peers[program] = {"failed": failed[program]}
+            else:
+                runs = measured[program]
+                rounds_of = [run["round"] - 1 for run in runs]
+                peers[program] = (
+                    _median(runs)
+                    | _ratios([base[i] for i in rounds_of], runs)
+                    | {
+                        "python": peer.base_version,
+                        "settings": settings[program],
+                        "throughput": throughputs[program][_median_index(runs)],
+                    }
+                )
+        result["peers"] = peers
+    return result
 
 
-def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
+def run(
+    rows: int, per_txn: int, plugin: str = "pgoutput", rounds: int = 1, peer: bool = True
+) -> dict[str, Any]:
     """A throw-away cluster and one catch-up measurement, as a flat dict (``bench.catchup`` CLI)."""
+    runtime = peer_module.prepare() if peer else None
     with LocalPostgres() as server:
         machine = machine_facts(server.url())
-        result = catchup_scenario(server, "bench_catchup", rows, per_txn, plugin)
-    return {
+        result = catchup_scenario(
+            server, "bench_catchup", rows, per_txn, plugin, rounds=rounds, peer=runtime
+        )
+    flat: dict[str, Any] = {
         "plugin": plugin,
         "rows": rows,
         "rows_per_txn": per_txn,
+        "rounds": rounds,
         "machine": f"{machine['cpu_model']}, {machine['cores']} cores, "
         f"Python {machine['python']}, PostgreSQL {machine['postgresql']}",
         "pg_recvlogical_s": result["pg_recvlogical"]["seconds"],
         "pg_recvlogical_rows_per_s": result["pg_recvlogical"]["rows_per_s"],
+        "pg_recvlogical_cpu_us_per_event": result["pg_recvlogical"]["cpu_us_per_event"],
         "relay_s": result["relay"]["seconds"],
         "relay_rows_per_s": result["relay"]["rows_per_s"],
         "relay_startup_s": result["relay"]["startup_s"],
@@ -249,6 +509,14 @@ def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
         "ratio_relay_to_pg_recvlogical": result["ratio"],
         "ratio_after_relay_startup": result["ratio_after_startup"],
     }
+    for name, measured in result.get("peers", {}).items():
+        key = name.replace(" ", "_")
+        if "seconds" not in measured:
+            flat[key] = measured
+            continue
+        for field in ("rows_per_s", "ratio", "cpu_us_per_event", "startup_s"):
+            flat[f"{key}_{field}"] = measured[field]
+    return flat
 
 
 def main() -> None:
@@ -256,9 +524,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--per-txn", type=int, default=10)
     parser.add_argument("--plugin", choices=("pgoutput", "wal2json"), default="pgoutput")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds, medians")
+    parser.add_argument("--no-peer", action="store_true", help="leave mq-bridge out")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
-    result = run(args.rows, args.per_txn, args.plugin)
+    result = run(args.rows, args.per_txn, args.plugin, args.rounds, not args.no_peer)
     width = max(len(k) for k in result)
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")

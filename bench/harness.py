@@ -27,7 +27,7 @@ from cdc_relay.lsn import parse_lsn
 
 REPO = Path(__file__).resolve().parents[1]
 OUTBOX_DDL = REPO / "sql" / "001_outbox.sql"
-SLOT, COPY, PUBLICATION, TOPIC = "bench", "bench_copy", "bench_pub", "outbox.event.order"
+SLOT, PUBLICATION, TOPIC = "bench", "bench_pub", "outbox.event.order"
 TOPIC_PARTITIONS = 3
 PAD = "x" * 200  # ~250-byte payloads, the size used for every scenario
 LATENCY_METRIC = "cdc_relay_event_latency_seconds"
@@ -94,6 +94,12 @@ def _proc_stat(pid: str) -> tuple[str, int, float] | None:
     name = text[text.find("(") + 1 : text.rfind(")")]
     fields = text.rsplit(")", 1)[1].split()
     return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_with_children(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads) and of its children it waited for, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def process_snapshot() -> dict[int, tuple[str, int, float]]:
@@ -223,6 +229,52 @@ def machine_facts(url: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Kafka
+
+
+class BrokerCounter:
+    """Counts the records that arrived in a topic by reading them from the beginning.
+
+    Completion of a program that writes to Kafka is counted on the broker: Tansu's end offsets
+    are wrong (the base offset of the last batch + 1), so the records themselves are read, with
+    ``assign()`` (no group protocol) and short fetch waits. Values are not decoded.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int = TOPIC_PARTITIONS) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: PLC0415
+
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-counter-{os.getpid()}",  # required, unused with assign()
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+                "fetch.error.backoff.ms": 10,
+                "log_level": 3,
+            }
+        )
+        self._consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        )
+        self.count = 0
+
+    def wait(self, timeout: float) -> int:
+        """Count what arrives within ``timeout`` seconds; the total so far."""
+        batch = self._consumer.consume(num_messages=1_000_000, timeout=timeout)
+        self.count += sum(1 for message in batch if message.error() is None)
+        return self.count
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> BrokerCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
 # HTTP
 
 
@@ -304,7 +356,9 @@ def parse_histogram(text: str, name: str = LATENCY_METRIC) -> Histogram:
 class RelayChild(RelayProcess):
     """``python -m cdc_relay`` on the bench slot, with its HTTP port, log file and /proc probes."""
 
-    def __init__(self, url: str, bootstrap: str, plugin: str, **settings: str) -> None:
+    def __init__(
+        self, url: str, bootstrap: str, plugin: str, *, slot: str = SLOT, **settings: str
+    ) -> None:
         # Bytecode compiled beforehand, as installing a wheel does: a checkout run with
         # PYTHONDONTWRITEBYTECODE would otherwise compile every module at each start (~0.1 s).
         compileall.compile_dir(REPO / "cdc_relay", quiet=1)
@@ -318,7 +372,7 @@ class RelayChild(RelayProcess):
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "CDC_RELAY_DATABASE_URL": url,
             "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "CDC_RELAY_SLOT_NAME": SLOT,
+            "CDC_RELAY_SLOT_NAME": slot,
             "CDC_RELAY_PUBLICATION_NAME": PUBLICATION,
             "CDC_RELAY_PLUGIN": plugin,
             "CDC_RELAY_HTTP_PORT": str(self.port),

@@ -56,18 +56,11 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     left.legend(fontsize=8, loc="lower right")
 
     for index, (key, data) in enumerate(catchup.items()):
-        series = data["throughput"]
-        times, published = series["t"], series["published"]
-        rates = [
-            (published[i] - published[i - 1]) / (times[i] - times[i - 1])
-            for i in range(1, len(times))
-            if times[i] > times[i - 1]
-        ]
-        mids = [
-            (times[i] + times[i - 1]) / 2 for i in range(1, len(times)) if times[i] > times[i - 1]
-        ]
         color = colors[index % len(colors)]
-        right.plot(mids, rates, color=color, label=f"{title(key, data)}: relay")
+        right.plot(*_rates(data["throughput"]), color=color, label=f"{title(key, data)}: relay")
+        peers = [(n, peer) for n, peer in data.get("peers", {}).items() if "throughput" in peer]
+        for style, (name, peer) in zip((":", "-."), peers, strict=False):
+            right.plot(*_rates(peer["throughput"]), color=color, linestyle=style, label=name)
         baseline = data["pg_recvlogical"]["rows_per_s"]
         right.axhline(
             baseline,
@@ -76,9 +69,9 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
             linewidth=0.8,
             label=f"pg_recvlogical average ({baseline:,} rows/s)",
         )
-    right.set_xlabel("seconds since relay start")
+    right.set_xlabel("seconds since the program's launch")
     right.set_ylabel("events acknowledged by Kafka per second")
-    right.set_title("Catch-up: throughput over time (/status `published`, 0.2 s samples)")
+    right.set_title("Catch-up: throughput over time (relay /status, peer counted on the broker)")
     right.grid(True, alpha=0.3)
     right.legend(fontsize=8, loc="best")
 
@@ -93,6 +86,15 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return None
+
+
+def _rates(series: dict[str, list[float]]) -> tuple[list[float], list[float]]:
+    """(interval midpoints, events per second) from cumulative samples."""
+    times, published = series["t"], series["published"]
+    steps = [i for i in range(1, len(times)) if times[i] > times[i - 1]]
+    mids = [(times[i] + times[i - 1]) / 2 for i in steps]
+    rates = [(published[i] - published[i - 1]) / (times[i] - times[i - 1]) for i in steps]
+    return mids, rates
 
 
 def main() -> None:

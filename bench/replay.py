@@ -35,7 +35,6 @@ import psycopg
 
 from bench.catchup import write_backlog
 from bench.harness import (
-    COPY,
     PUBLICATION,
     SLOT,
     TOPIC,
@@ -277,8 +276,6 @@ def run(rows: int, per_txn: int, repeat: int, callgrind: bool) -> dict[str, Any]
         broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
         create_outbox(url, "pgoutput")
         write_backlog(url, rows, per_txn)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (COPY,))  # made by write_backlog
         settings = settings_for(url, broker.bootstrap_servers)
         frames = record(url, settings, rows)
         tune_garbage_collector()  # as `python -m cdc_relay` does

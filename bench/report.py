@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -174,6 +175,60 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
             out.append("")
         out.append(line(row))
     return "\n".join(out)
+
+
+def _grid(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
+
+
+def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
+    """Per catch-up scenario, every program on the same WAL: the comparison of issue 17."""
+    header = ("program", "rows/s", "ratio", "CPU µs/row", "start-up s", "1st record s",
+              "after start-up: rows/s (ratio)")  # fmt: skip
+    tables: list[str] = []
+    for key, result in scenarios.items():
+        if result["kind"] != "catchup":
+            continue
+        base, relay = result["pg_recvlogical"], result["relay"]
+        rows = [
+            ("pg_recvlogical (to /dev/null)", f"{base['rows_per_s']:,}", "1",
+             _num(base["cpu_us_per_event"]), "", "", ""),
+            ("cdc-relay", f"{relay['rows_per_s']:,}", f"{result['ratio']:.2f}",
+             _num(relay["cpu_us_per_event"]), _num(relay["startup_s"], 2),
+             _num(relay.get("first_on_broker_s"), 2),
+             f"{relay['rows_per_s_after_startup']:,} ({result['ratio_after_startup']:.2f})"),
+        ]  # fmt: skip
+        notes: list[str] = []
+        if relay.get("on_broker", result["rows"]) > result["rows"]:
+            notes.append(f"  cdc-relay: {relay['on_broker'] - result['rows']:,} duplicates")
+        for name, peer in result.get("peers", {}).items():
+            if "seconds" in peer:
+                if peer["on_broker"] > result["rows"]:
+                    notes.append(f"  {name}: {peer['on_broker'] - result['rows']:,} duplicates")
+                rows.append(
+                    (name, f"{peer['rows_per_s']:,}", f"{peer['ratio']:.2f}",
+                     _num(peer["cpu_us_per_event"]), _num(peer["startup_s"], 2),
+                     _num(peer.get("first_on_broker_s"), 2),
+                     f"{peer['rows_per_s_after_startup']:,} ({peer['ratio_after_startup']:.2f})")
+                )  # fmt: skip
+            else:
+                why = "skipped" if "skipped" in peer else "failed"
+                rows.append((name, why, "", "", "", "", ""))
+                notes.append(f"  {name} {why}: {peer[why].splitlines()[0]}")
+        rounds = result.get("rounds", 1)
+        done = f"{rounds} interleaved rounds, medians" if rounds > 1 else "one round"
+        heading = f"{title(key, result)}: each program on its own copy of one slot, {done}"
+        tables.append("\n".join([heading, *_grid(header, rows, {1, 2, 3, 4, 5}), *notes]))
+    return tables
 
 
 def machine_line(machine: dict[str, Any]) -> str:

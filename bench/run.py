@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from bench import peer as peer_module
 from bench.catchup import catchup_scenario
 from bench.harness import (
     REPO,
@@ -25,7 +26,7 @@ from bench.harness import (
     process_snapshot,
 )
 from bench.plot import plot
-from bench.report import cpu_lines, evaluate, machine_line, table, targets_json
+from bench.report import cpu_lines, evaluate, machine_line, programs_table, table, targets_json
 from bench.steady import steady_scenario
 from cdc_relay.local import LocalPostgres
 
@@ -83,6 +84,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--plugin", choices=("pgoutput", "wal2json"), default="pgoutput")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="catch-up: interleaved rounds of every program, medians reported (default 1)",
+    )
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help=f"leave {peer_module.NAME} out of catchup_10_per_txn (default: in it when it can run)",
+    )
+    parser.add_argument(
         "--relay-setting",
         action="append",
         default=[],
@@ -98,6 +110,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--relay-setting takes NAME=VALUE, got {item!r}")
         settings[name.strip().lower().removeprefix("cdc_relay_")] = value
     args.relay_setting = settings
+    if args.rounds < 1:
+        parser.error("--rounds takes a positive integer")
     if args.only:
         unknown = set(args.only.split(",")) - set(SCENARIOS)
         if unknown:
@@ -122,15 +136,36 @@ def run(args: argparse.Namespace) -> int:
     selected = args.only.split(",") if args.only else list(SCENARIOS)
     plugin: str = args.plugin
     extra: dict[str, str] = args.relay_setting
+    rounds: int = args.rounds
     started = time.perf_counter()
     started_at = datetime.datetime.now(datetime.UTC)
+    peer: peer_module.PeerRuntime | str | None = None
+    if "catchup_10_per_txn" in selected:
+        if args.no_peer:
+            peer = "left out (--no-peer)"
+        else:
+            _progress(f"preparing {peer_module.NAME} (bench/.peer-venv) ...")
+            peer = peer_module.prepare()
 
     plans: dict[str, Callable[[LocalPostgres], dict[str, Any]]] = {
         "catchup_10_per_txn": lambda s: catchup_scenario(
-            s, "bench_catchup_10", sizes.rows_10, 10, plugin, relay_settings=extra
+            s,
+            "bench_catchup_10",
+            sizes.rows_10,
+            10,
+            plugin,
+            relay_settings=extra,
+            rounds=rounds,
+            peer=peer,
         ),
         "catchup_1000_per_txn": lambda s: catchup_scenario(
-            s, "bench_catchup_1000", sizes.rows_1000, 1000, plugin, relay_settings=extra
+            s,
+            "bench_catchup_1000",
+            sizes.rows_1000,
+            1000,
+            plugin,
+            relay_settings=extra,
+            rounds=rounds,
         ),
         "catchup_single_txn": lambda s: catchup_scenario(
             s,
@@ -139,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             sizes.rows_single,
             plugin,
             relay_settings=extra,
+            rounds=rounds,
         ),
         "steady_low": lambda s: steady_scenario(
             s,
@@ -203,10 +239,15 @@ def run(args: argparse.Namespace) -> int:
         "postgres_settings": POSTGRES_SETTINGS,
         "plugin": plugin,
         "relay_settings": extra,
+        "rounds": rounds,
+        "peer": _peer_json(peer),
         "scenarios": scenarios,
         "targets": targets_json(targets),
         "notes": {
-            "ratio": "relay rows/s ÷ pg_recvlogical rows/s on a copy of the same slot, same run",
+            "ratio": "program rows/s ÷ pg_recvlogical rows/s, each on its own copy of one "
+            "template slot, same round of the same run; median over rounds",
+            "peer": f"{peer_module.NAME}: launch → every row arrived in its topic (counted on "
+            "the broker); its whole-process CPU (utime+stime, children included)",
             "catchup_time": "relay launch → slot confirmed past an LSN inside the last "
             "transaction (every event acknowledged by Kafka); includes the relay's start-up",
             "latency_ms": "steady state, insert (clock_timestamp() in the payload, one-row "
@@ -239,6 +280,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table(scenarios, targets))
     print()
+    for text in programs_table(scenarios):
+        print(text)
+        print()
     for line in cpu_lines(scenarios, machine["cores"] or 1):
         print(line)
     if enforce:
@@ -250,6 +294,19 @@ def run(args: argparse.Namespace) -> int:
     message = plot(result, args.plot)
     print(message or f"plot: {args.plot}")
     return 1 if enforce and any(t.passed is False for t in targets) else 0
+
+
+def _peer_json(peer: peer_module.PeerRuntime | str | None) -> dict[str, str] | None:
+    if peer is None:
+        return None
+    if isinstance(peer, str):
+        return {"name": peer_module.NAME, "skipped": peer}
+    return {
+        "name": peer_module.NAME,
+        "python": peer.base_version,
+        "interpreter": peer.base_python,
+        "venv": str(peer.python.parent.parent),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from bench import peer
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {
@@ -39,8 +42,48 @@ def _positive(result: dict[str, Any], *path: str) -> float:
     return float(value)
 
 
+def _prepare_peer() -> peer.PeerRuntime | str:
+    """The peer's venv, made before the timer: its first install downloads the wheel."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.peer"], cwd=REPO, capture_output=True, text=True,
+        timeout=900, check=True,
+    )  # fmt: skip
+    print(completed.stdout)
+    return peer.prepare()  # cached now: the same answer the bench will get
+
+
+def _assert_peers(result: dict[str, Any], stdout: str, expected: peer.PeerRuntime | str) -> None:
+    scenario = result["scenarios"]["catchup_10_per_txn"]
+    rows = scenario["rows"]
+    names = [f"{peer.NAME} {variant}" for variant in peer.VARIANTS]
+    assert set(scenario["peers"]) == set(names)
+    lines = stdout.splitlines()
+    for name in names:
+        measured = scenario["peers"][name]
+        row = next(line for line in lines if line.startswith(name))
+        if isinstance(expected, str):
+            assert measured == {"skipped": expected}
+            assert result["peer"]["skipped"] == expected
+            assert row.split()[-1] == "skipped"
+            assert f"{name} skipped: {expected}" in stdout
+            continue
+        assert "failed" not in measured, measured.get("failed")
+        assert measured["published"] >= rows
+        assert measured["on_broker"] >= rows
+        for metric in ("seconds", "rows_per_s", "ratio", "startup_s", "cpu_s"):
+            _positive(measured, metric)
+        assert measured["startup_s"] < measured["seconds"]
+        assert 0 < measured["first_on_broker_s"] <= measured["seconds"]
+        assert measured["exit_code"] == 0  # stopped cleanly by SIGTERM
+        assert measured["settings"]["input"]["postgres_cdc"]["url"] == "(bench database)"
+        assert row.split()[len(name.split())] == f"{measured['rows_per_s']:,}"
+        assert result["peer"]["python"] == expected.base_version
+    assert scenario["pg_recvlogical"]["cpu_us_per_event"] >= 0  # 10 ms ticks: 0 on tiny runs
+
+
 def test_bench_smoke(tmp_path: Path) -> None:
     json_path, png_path = tmp_path / "smoke.json", tmp_path / "smoke.png"
+    expected_peer = _prepare_peer()
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--json", str(json_path),
@@ -82,6 +125,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
             # One event per transaction: one commit→read observation per event.
             assert scenario["relay_receive_histogram"]["count"] == scenario["writer"]["events"]
             _positive(scenario, "relay_histogram", "p99_ms")
+    _assert_peers(result, completed.stdout, expected_peer)
     assert result["machine"]["cores"] >= 1
     assert all(target["passed"] is None for target in result["targets"])  # not evaluated
     for title in ("1a catch-up", "1b catch-up", "1c catch-up", "2 steady"):
@@ -91,6 +135,51 @@ def test_bench_smoke(tmp_path: Path) -> None:
     else:
         assert "matplotlib is not installed" in completed.stdout
     assert elapsed < 60, f"--smoke must finish in < 60 s, took {elapsed:.1f}s"
+
+
+def test_bench_peer_skipped_with_its_reason(tmp_path: Path) -> None:
+    """An interpreter that does not run: the peer rows stay, with the reason, and nothing fails."""
+    json_path = tmp_path / "skip.json"
+    missing = tmp_path / "no-such-python"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "catchup_10_per_txn",
+         "--json", str(json_path), "--plot", str(tmp_path / "skip.png")],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, peer.PYTHON_ENV: str(missing)},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    print(completed.stdout)
+    result = json.loads(json_path.read_text())
+    reason = result["peer"]["skipped"]
+    assert str(missing) in reason
+    assert "does not run" in reason
+    _assert_peers(result, completed.stdout, reason)
+
+
+def test_bench_catchup_rounds(tmp_path: Path) -> None:
+    """``--rounds 2``: every program twice, interleaved in a rotated order, medians reported."""
+    json_path = tmp_path / "rounds.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "catchup_1000_per_txn",
+         "--rounds", "2", "--json", str(json_path), "--plot", str(tmp_path / "rounds.png")],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    scenario = json.loads(json_path.read_text())["scenarios"]["catchup_1000_per_txn"]
+    assert scenario["rounds"] == 2
+    assert scenario["order"] == [["pg_recvlogical", "relay"], ["relay", "pg_recvlogical"]]
+    per_round = scenario["per_round"]
+    assert [run["round"] for run in per_round["relay"]] == [1, 2]
+    assert [run["round"] for run in per_round["pg_recvlogical"]] == [1, 2]
+    ratios = sorted(
+        b["seconds"] / r["seconds"]
+        for b, r in zip(per_round["pg_recvlogical"], per_round["relay"], strict=True)
+    )
+    assert scenario["ratio"] == pytest.approx(sum(ratios) / 2, rel=0.02)  # median of two
+    for run in per_round["relay"]:
+        assert run["on_broker"] >= scenario["rows"]  # counted on the broker, each round
+    assert "2 interleaved rounds, medians" in completed.stdout
+    assert "peers" not in scenario  # the peer runs in catchup_10_per_txn only
 
 
 def _replay(*extra: str) -> dict[str, str]:
