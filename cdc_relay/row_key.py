@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psycopg import sql
+
 from cdc_relay.config import OutboxTable, env_name
 from cdc_relay.replication.source import Connection, relation_oid
 
@@ -68,3 +70,18 @@ def resolve_row_key(conn: Connection, table: OutboxTable) -> RowKey:
         f"to unique columns in {env_name('outbox_columns')}, or run CREATE UNIQUE INDEX ON "
         f"{table.sql_name} ({id_column}) (or CDC_RELAY_SWEEP_INTERVAL=0)",
     )
+
+
+def key_types(
+    conn: Connection, table: OutboxTable, columns: tuple[str, ...]
+) -> list[sql.Composable]:
+    """Each key column's type as a name for a cast (schema-qualified, without its modifier):
+    values of a longer key travel as one array per column, which needs the element type."""
+    rows = conn.execute(
+        "SELECT n.nspname, t.typname FROM unnest(%s::text[]) WITH ORDINALITY c(name, n) "
+        "JOIN pg_attribute a ON a.attrelid = %s AND a.attname = c.name "
+        "JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace n ON n.oid = t.typnamespace "
+        "ORDER BY c.n",
+        (list(columns), relation_oid(conn, table)),
+    ).fetchall()
+    return [sql.Identifier(str(schema), str(name)) for schema, name in rows]

@@ -58,7 +58,7 @@ from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.replication.source import connect, relation_oid
-from cdc_relay.row_key import resolve_row_key
+from cdc_relay.row_key import key_types, resolve_row_key
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,7 @@ class _TableState:
         self.queue = CandidateQueue()
         self.unselected = 0  # estimate of eligible rows beyond the candidates (selection capped)
         self.key: tuple[str, ...] = ()  # the row key, resolved each pass
+        self.key_types: list[sql.Composable] = []  # of a key of several columns
         # Row filter and sweep condition: what a row must match to be deleted at all.
         conditions = [c for c in (table.filter, table.sweep_filter) if c is not None]
         self.condition: sql.Composable | None = (
@@ -336,6 +337,8 @@ class Sweeper:
                 # selected by another key are not this key's values.
                 state.queue.clear()
                 state.key = key.columns
+                multi = len(key.columns) > 1
+                state.key_types = key_types(conn, state.table, key.columns) if multi else []
             if key.problem is not None:
                 result.errors[table] = key.problem
                 continue
@@ -406,7 +409,8 @@ class Sweeper:
         else:
             # One array per key column, each of the types psycopg read them as.
             match = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
-                returning, sql.SQL(", ").join(sql.SQL("%s") for _ in key)
+                returning,
+                sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in state.key_types),
             )
             params = [[row[i] for row in batch.ids] for i in range(len(key))]  # type: ignore[index]
         if state.condition is not None:
