@@ -122,7 +122,7 @@ def _normal(term: Term) -> Term:
 
 
 def _text(term: Term) -> str:
-    name = term.column if re.fullmatch(r"[a-z_][a-z0-9_$]*", term.column) else f'"{term.column}"'
+    name = term.column  # the grammar takes names as written: no quotes
     quoted = [f"'{v.replace(chr(39), chr(39) * 2)}'" for v in term.values]
     if term.op in ("is null", "is not null"):
         return f"{name} {term.op.upper()}"
@@ -175,7 +175,7 @@ class _Reader:
     def expect(self, kind: str, value: str | None = None) -> str:
         token = self.take()
         if token[0] != kind or (value is not None and token[1].lower() != value):
-            wanted = value or kind
+            wanted = value or ("a 'quoted' literal" if kind == "string" else kind)
             raise ConditionError(f"expected {wanted} at position {token[2] + 1}")
         return token[1]
 
