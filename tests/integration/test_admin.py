@@ -314,8 +314,10 @@ def test_check_fails_when_ids_are_not_unique_and_the_sweeper_is_on(
     assert result.returncode == 1
     assert set(failed(result)) == {"table public.outbox"}, result.stdout
     assert failed(result)["table public.outbox"] == (
-        "FAIL table public.outbox: column id has no unique index, and the sweeper deletes by id: "
-        "run CREATE UNIQUE INDEX ON public.outbox (id) (or CDC_RELAY_SWEEP_INTERVAL=0)"
+        "FAIL table public.outbox: public.outbox has no primary key and column id no unique "
+        "index, and the sweeper deletes by a key that names one row: add a primary key, set "
+        '"row_key" to unique columns in CDC_RELAY_OUTBOX_COLUMNS, or run CREATE UNIQUE INDEX ON '
+        "public.outbox (id) (or CDC_RELAY_SWEEP_INTERVAL=0)"
     )
     assert cdc_relay({**env, "CDC_RELAY_SWEEP_INTERVAL": "0"}, "check").returncode == 0
 

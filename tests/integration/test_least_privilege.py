@@ -225,7 +225,7 @@ def test_a_publication_the_relay_does_not_own_keeps_its_filter_until_its_owner_f
     problem = failed(result)["publication"]
     assert "public.outbox is published with no row filter" in problem, problem
     fix = problem.split("as its owner run ", 1)[1]
-    assert fix.startswith(f"ALTER PUBLICATION \"{PUBLICATION}\" DROP TABLE"), fix
+    assert fix.startswith(f'ALTER PUBLICATION "{PUBLICATION}" DROP TABLE'), fix
 
     relay = RelayProcess(env).start()
     try:

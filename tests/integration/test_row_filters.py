@@ -152,12 +152,8 @@ def test_one_row_per_event_is_relayed_and_only_relayed_rows_are_swept(
     assert len(row_ids) == 10
     assert row_ids.isdisjoint(ids), "rows are named by the primary key, not by the event id"
     assert rest.deleted == 30
-    assert (
-        {tuple(k) for b in rest.batches for k in b.ids}
-        == {  # type: ignore[arg-type]
-            (i, "kafka") for i in ids[10:]
-        }
-    )
+    pairs = {k for b in rest.batches for k in b.ids}  # (message_id, target_broker) tuples
+    assert pairs == {(i, "kafka") for i in ids[10:]}
     assert _rows(database) == {(i, "rabbit") for i in ids}, "the other destination's rows stay"
     if plugin == "pgoutput":
         text = scalar(
@@ -201,3 +197,21 @@ def test_a_publication_filtering_otherwise_is_set_as_configured(
     assert found is not None, text
     assert found.same_as(parse("target_broker = 'kafka'")), text
     assert "set the publication's row filters as configured" in relay.logs()
+
+
+def test_a_row_key_that_is_not_unique_stops_the_relay_at_start(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(FRAMEWORK_DDL.encode())
+    columns = {**COLUMNS, "row_key": ["message_id"]}  # one row per destination: not unique
+    env = _env(database, broker, unique, sweep_interval="1")
+    env["CDC_RELAY_OUTBOX_COLUMNS"] = orjson.dumps(columns).decode()
+    relay = RelayProcess(env).start()
+    try:
+        exit_code = relay.wait(60)
+    finally:
+        relay.close()
+    assert exit_code == 3, relay.logs()
+    assert "row_key (message_id) is not unique" in relay.logs()
+    assert "CREATE UNIQUE INDEX ON public.fw_outbox (message_id)" in relay.logs()
