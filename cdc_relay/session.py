@@ -187,6 +187,8 @@ class Session:
         # Tables with a row filter: off the hot path, each row tested first (None: the relation
         # lacks a filter column, so its rows cannot be told apart and are refused).
         self.filtered: dict[int, tuple[OutboxMapping, Callable[[TupleData], bool] | None]] = {}
+        # The last filtered row's transaction, table and delivery callback (one per transaction).
+        self.filtered_callback: tuple[PendingTransaction, str, TransactionCallback] | None = None
         self.ignored_relations: set[int] = set()
         now = time.monotonic()
         self.last_housekeeping = now
@@ -345,7 +347,11 @@ class Session:
         except IndexError:  # fewer values than the relation has columns: not a row of it
             matched = True  # the mapping refuses it (dead letter), never silently drops it
         if matched:
-            self.publish(mapping, message.new, txn, self.tracker.callback(txn, mapping.table))
+            cached = self.filtered_callback
+            if cached is None or cached[0] is not txn or cached[1] is not mapping.table:
+                cached = (txn, mapping.table, self.tracker.callback(txn, mapping.table))
+                self.filtered_callback = cached
+            self.publish(mapping, message.new, txn, cached[2])
 
     def ignore(self, relation_id: int) -> None:
         if relation_id not in self.ignored_relations:

@@ -172,3 +172,46 @@ def test_a_different_filter_is_not_the_same() -> None:
     assert not parse("a = 'x'").same_as(parse("a = 'y'"))
     assert not parse("a = 'x'").same_as(parse("a = 'x' AND b IS NULL"))
     assert parse("a IN ('x')").same_as(parse("a = 'x'"))
+
+
+def _as_postgresql_prints(condition: Condition, varchar: bool) -> str:
+    """pg_get_expr's rendering of the filter the relay creates, for text or varchar columns."""
+
+    def name(column: str) -> str:
+        plain = re.fullmatch(r"[a-z_][a-z0-9_$]*", column) and column not in KEYWORDS
+        quoted = column if plain else '"' + column.replace('"', '""') + '"'
+        return f"({quoted})::text" if varchar else quoted
+
+    def lit(value: str, kind: str = "text") -> str:
+        return "'" + value.replace("'", "''") + "'::" + kind
+
+    parts = []
+    for term in condition.terms:
+        if term.op in ("is null", "is not null"):
+            parts.append(f"({name(term.column).removesuffix('::text')} {term.op.upper()})")
+        elif term.op in ("=", "<>"):
+            parts.append(f"({name(term.column)} {term.op} {lit(term.values[0])})")
+        else:
+            kind = "character varying" if varchar else "text"
+            array = "ARRAY[" + ", ".join(lit(v, kind) for v in term.values) + "]"
+            if varchar:
+                array = f"({array})::text[]"
+            quantifier = "= ANY" if term.op == "in" else "<> ALL"
+            parts.append(f"({name(term.column)} {quantifier} ({array}))")
+    return parts[0] if len(parts) == 1 else "(" + " AND ".join(parts) + ")"
+
+
+@given(conditions, st.booleans())
+def test_postgresqls_rendering_of_any_filter_reads_back(
+    condition: Condition, varchar: bool
+) -> None:
+    deparsed = _as_postgresql_prints(condition, varchar)
+    found = parse_deparsed(deparsed)
+    assert found is not None, deparsed
+    assert found.same_as(condition), deparsed
+
+
+@given(st.text(max_size=120))
+def test_any_rendering_is_a_condition_or_none(text: str) -> None:
+    found = parse_deparsed(text)
+    assert found is None or found.terms
