@@ -215,3 +215,21 @@ def test_a_row_key_that_is_not_unique_stops_the_relay_at_start(
     assert exit_code == 3, relay.logs()
     assert "row_key (message_id) is not unique" in relay.logs()
     assert "CREATE UNIQUE INDEX ON public.fw_outbox (message_id)" in relay.logs()
+
+
+def test_a_filter_on_a_column_that_is_not_text_stops_the_relay_at_start(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(FRAMEWORK_DDL.encode())
+    # '0' and '00' are one integer to PostgreSQL but two texts to the relay: refused.
+    env = _env(database, broker, unique)
+    env["CDC_RELAY_OUTBOX_ROW_FILTER"] = "retry_count = '0' AND nope IS NULL"
+    relay = RelayProcess(env).start()
+    try:
+        exit_code = relay.wait(60)
+    finally:
+        relay.close()
+    assert exit_code == 3, relay.logs()
+    assert "the row filter compares column retry_count as text, but it is integer" in relay.logs()
+    assert "the row filter names column nope, which it lacks" in relay.logs()
