@@ -285,6 +285,16 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return int(str(row[0])) if row and row[0] is not None else None
 
+    def restart_sweep_boundary(self) -> None:
+        """Take the sweep boundary afresh (a publication's row filter just changed): rows of
+        transactions from before are left alone, for they were decoded under the old filter and
+        may not have been published. No record yet: the first :meth:`save` takes it."""
+        query = sql.SQL(
+            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()) "
+            "WHERE slot_name = %s"
+        ).format(self._table)
+        self._run(query, (self._slot,))
+
     def _run(
         self, query: sql.Composed, params: tuple[object, ...]
     ) -> psycopg.Cursor[tuple[object, ...]]:

@@ -30,6 +30,8 @@ from cdc_relay import database_url
 from cdc_relay.column_transform import ColumnTransform, compile_transform
 from cdc_relay.database_url import redact_url
 from cdc_relay.errors import ConfigError
+from cdc_relay.row_filter import Condition, ConditionError
+from cdc_relay.row_filter import parse as parse_condition
 
 ENV_PREFIX = "CDC_RELAY_"
 
@@ -178,6 +180,9 @@ class OutboxColumns(BaseModel):
     additional_placement: tuple[str, ...] = ()  # "column:header[:alias]", "column:envelope[:alias]"
     expand_json_payload: bool = False  # a text/bytea payload embedded as JSON in row/envelope
     tombstone_on_empty_payload: bool = False  # NULL or empty payload: a null value, not a refusal
+    # The columns the sweeper deletes rows by (a unique key, not the event id): empty, the
+    # table's primary key (or, lacking one, the id column when it is unique on its own).
+    row_key: tuple[str, ...] = ()
 
     @field_validator(
         "id",
@@ -218,6 +223,16 @@ class OutboxColumns(BaseModel):
         if "payload" in names or len(set(names)) != len(names):
             raise ValueError("envelope fields must be distinct and not named payload")
         return self
+
+    @field_validator("row_key")
+    @classmethod
+    def _row_key(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for column in value:
+            if not _IDENTIFIER.match(column):
+                raise ValueError(f"{column!r} is not a plain column name")
+        if len(set(value)) != len(value) or len(value) > 32:
+            raise ValueError("row_key: at most 32 distinct column names")
+        return value
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -290,6 +305,23 @@ class OutboxTable(BaseModel):
     table: str
     columns: OutboxColumns = OutboxColumns()
     topic_template: str | None = None
+    row_filter: str | None = None  # only rows matching it are relayed (cdc_relay.row_filter)
+    sweep_condition: str | None = None  # a published row is deleted only if it also matches
+
+    @field_validator("row_filter", "sweep_condition")
+    @classmethod
+    def _condition(cls, value: str | None) -> str | None:
+        return None if value is None else check_condition(value)
+
+    @property
+    def filter(self) -> Condition | None:
+        """The parsed row filter (validated when the settings were read)."""
+        return None if self.row_filter is None else parse_condition(self.row_filter)
+
+    @property
+    def sweep_filter(self) -> Condition | None:
+        """The parsed sweeper condition."""
+        return None if self.sweep_condition is None else parse_condition(self.sweep_condition)
 
     @field_validator("table")
     @classmethod
@@ -310,6 +342,14 @@ class OutboxTable(BaseModel):
     def sql_name(self) -> str:
         """The name as SQL text, for messages that suggest a statement."""
         return sql_name(*self.schema_and_name)
+
+
+def check_condition(value: str) -> str:
+    try:
+        parse_condition(value)
+    except ConditionError as exc:
+        raise ValueError(f"not a condition of the documented grammar: {exc}") from None
+    return value
 
 
 def check_topic_template(value: str) -> str:
@@ -360,8 +400,18 @@ class Settings(BaseSettings):
     outbox_tables: tuple[OutboxTable, ...] = Field(
         (),
         description=(
-            'Several outbox tables as a JSON list of {"table", "columns", "topic_template"}; '
-            "replaces CDC_RELAY_OUTBOX_TABLE/COLUMNS when set."
+            'Several outbox tables as a JSON list of {"table", "columns", "topic_template", '
+            '"row_filter", "sweep_condition"}; replaces CDC_RELAY_OUTBOX_TABLE/COLUMNS/ROW_FILTER '
+            "and CDC_RELAY_SWEEP_CONDITION when set."
+        ),
+    )
+    outbox_row_filter: str | None = Field(
+        None,
+        description=(
+            "Relay only outbox rows matching this condition, e.g. target_broker = 'kafka' "
+            "(terms column = 'x', column <> 'x', column [NOT] IN ('x', 'y'), column IS [NOT] "
+            "NULL, joined by AND; text/varchar columns). Set as the publication's row filter "
+            "(PostgreSQL 15+) and checked by the relay; the sweeper deletes matching rows only."
         ),
     )
     message_prefix: str = Field(
@@ -491,6 +541,21 @@ class Settings(BaseSettings):
     sweep_retention_seconds: float = Field(
         0.0, ge=0, description="Keep published rows at least this long (audit, debugging)."
     )
+    sweep_condition: str | None = Field(
+        None,
+        description=(
+            "A published row is swept only if it also matches this condition, e.g. "
+            "status = 'published' (the grammar of CDC_RELAY_OUTBOX_ROW_FILTER); unset: every "
+            "published row."
+        ),
+    )
+    sweep_time_zone: str = Field(
+        "UTC",
+        description=(
+            "The time zone a created_at column of type timestamp without time zone (or date) "
+            "is written in, for sweep retention; timestamptz columns need none."
+        ),
+    )
     heartbeat_interval: float = Field(
         0.0,
         ge=0,
@@ -557,6 +622,28 @@ class Settings(BaseSettings):
                     "template uses {aggregate_type}: set topic_from or a template without it"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _conditions_per_table(self) -> Settings:
+        if self.outbox_tables and (self.outbox_row_filter or self.sweep_condition):
+            raise ValueError(
+                f"{env_name('outbox_row_filter')} and {env_name('sweep_condition')} apply to "
+                f'{env_name("outbox_table")}: with {env_name("outbox_tables")} set "row_filter" '
+                'and "sweep_condition" per table'
+            )
+        return self
+
+    @field_validator("outbox_row_filter", "sweep_condition")
+    @classmethod
+    def _condition(cls, value: str | None) -> str | None:
+        return None if value is None else check_condition(value)
+
+    @field_validator("sweep_time_zone")
+    @classmethod
+    def _time_zone(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_+\-/:.]{1,64}", value):
+            raise ValueError("a time zone name such as UTC or Europe/Berlin")
+        return value
 
     @field_validator("topic_allowlist")
     @classmethod
@@ -678,7 +765,14 @@ class Settings(BaseSettings):
         """Every outbox table the relay streams, with its mapping."""
         if self.outbox_tables:
             return self.outbox_tables
-        return (OutboxTable(table=self.outbox_table, columns=self.outbox_columns),)
+        return (
+            OutboxTable(
+                table=self.outbox_table,
+                columns=self.outbox_columns,
+                row_filter=self.outbox_row_filter,
+                sweep_condition=self.sweep_condition,
+            ),
+        )
 
     def producer_config(self) -> dict[str, str]:
         """The librdkafka configuration: safe defaults, then the user's, then what must hold."""

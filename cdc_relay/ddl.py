@@ -77,38 +77,70 @@ def _publication_template() -> str:
     return template.replace(identifier, "{name}")
 
 
+def publication_tables(tables: Sequence[OutboxTable], row_filters: bool = True) -> sql.Composable:
+    """The table list of a publication: each table, with its row filter when it has one and the
+    server takes them (``row_filters``: PostgreSQL 15+)."""
+    items: list[sql.Composable] = []
+    for table in tables:
+        item: sql.Composable = sql.Identifier(*table.schema_and_name)
+        condition = table.filter
+        if row_filters and condition is not None:
+            item = sql.SQL("{} WHERE ({})").format(item, condition.render())
+        items.append(item)
+    return sql.SQL(", ").join(items)
+
+
 def _render_publication(
-    template: str, name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+    template: str,
+    name: str,
+    tables: Sequence[OutboxTable],
+    conn: psycopg.Connection[Any] | None,
+    row_filters: bool,
 ) -> str:
     return (
         sql.SQL(template)
         .format(
             literal=sql.Literal(name),
             name=sql.Identifier(name),
-            tables=sql.SQL(", ").join(sql.Identifier(*t.schema_and_name) for t in tables),
+            tables=publication_tables(tables, row_filters),
         )
         .as_string(conn)
     )
 
 
 def publication_ddl(
-    name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+    name: str,
+    tables: Sequence[OutboxTable],
+    conn: psycopg.Connection[Any] | None,
+    row_filters: bool = True,
 ) -> sql.Composed:
     """``sql/003_publication.sql`` for the publication ``name`` of ``tables``.
 
     The block's body is passed as one literal (``DO '...'``) rather than between dollar quotes,
     so that no name — ``$$`` included — can end it early.
     """
-    body = _render_publication(_publication_template(), name, tables, conn)
+    body = _render_publication(_publication_template(), name, tables, conn, row_filters)
     return sql.Composed([sql.SQL("DO "), sql.Literal(body), sql.SQL(";")])
 
 
 def create_publication_statement(
-    name: str, tables: Sequence[OutboxTable], conn: psycopg.Connection[Any] | None
+    name: str,
+    tables: Sequence[OutboxTable],
+    conn: psycopg.Connection[Any] | None,
+    row_filters: bool = True,
 ) -> str:
     """The ``CREATE PUBLICATION`` statement of ``sql/003_publication.sql``, for an operator to run
     as the tables' owner."""
     match = _CREATE_PUBLICATION.search(_publication_template())
     if match is None:
         raise SourceSetupError(f"sql/{PUBLICATION_SQL} is not the file this version expects")
-    return _render_publication(match.group(), name, tables, conn)
+    return _render_publication(match.group(), name, tables, conn, row_filters)
+
+
+def set_row_filters_statement(name: str, tables: Sequence[OutboxTable]) -> sql.Composed:
+    """Give ``tables`` in publication ``name`` their row filters (or none): drop and add them
+    again, leaving the publication's other tables as they are. One transaction's worth."""
+    listed = sql.SQL(", ").join(sql.Identifier(*t.schema_and_name) for t in tables)
+    return sql.SQL(
+        "ALTER PUBLICATION {name} DROP TABLE {listed}; ALTER PUBLICATION {name} ADD TABLE {tables}"
+    ).format(name=sql.Identifier(name), listed=listed, tables=publication_tables(tables))

@@ -33,6 +33,7 @@ from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
 from cdc_relay.lsn import format_lsn
+from cdc_relay.publication_filter import find_mismatch, row_filters_supported
 from cdc_relay.replication.failover import describe, promotion_note
 from cdc_relay.replication.source import (
     MIN_SERVER_VERSION,
@@ -46,12 +47,13 @@ from cdc_relay.replication.source import (
     scalar,
     slot_state,
 )
-from cdc_relay.sweeper import has_unique_id
+from cdc_relay.row_key import resolve_row_key
 
 PROBE_TIMEOUT = "5s"
 
 ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "bytea"})
+CONDITION_TYPES = frozenset({"text", "character varying"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
 
 
@@ -237,7 +239,42 @@ class Prerequisites:
         missing = self._missing_columns(table)
         if missing:
             raise Unmet(missing)
+        problems: list[str] = []
+        if table.row_filter or table.sweep_condition:
+            problems += self._condition_columns(table, self._column_types(table))
+        if self.settings.sweep_interval > 0 and table.columns.row_key:
+            key = resolve_row_key(self.conn, table)
+            if key.problem is not None:
+                problems.append(key.problem)
+        if problems:
+            raise Unmet("; ".join(problems))
         return "all mapped columns present"
+
+    def _column_types(self, table: OutboxTable) -> dict[str, str]:
+        rows = self.conn.execute(
+            "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+            (relation_oid(self.conn, table),),
+        ).fetchall()
+        return {str(name): str(kind) for name, kind in rows}
+
+    def _condition_columns(self, table: OutboxTable, types: dict[str, str]) -> list[str]:
+        """The row filter's and sweep condition's columns exist and are compared as text."""
+        problems: list[str] = []
+        for setting, condition in (
+            ("row filter", table.filter),
+            ("sweep condition", table.sweep_filter),
+        ):
+            for column in condition.columns if condition is not None else ():
+                kind = types.get(column)
+                if kind is None:
+                    problems.append(f"the {setting} names column {column}, which it lacks")
+                elif kind not in CONDITION_TYPES:
+                    problems.append(
+                        f"the {setting} compares column {column} as text, but it is {kind}: "
+                        f"conditions take {' or '.join(sorted(CONDITION_TYPES))} columns"
+                    )
+        return problems
 
     def _missing_columns(self, table: OutboxTable) -> str | None:
         missing = missing_columns(self.conn, table)
@@ -257,12 +294,7 @@ class Prerequisites:
     def table(self, table: OutboxTable) -> str:
         """The table as ``check`` judges it: columns, their types, what the sweeper needs."""
         missing = self._missing_columns(table)
-        rows = self.conn.execute(
-            "SELECT attname, format_type(atttypid, NULL) FROM pg_attribute "
-            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-            (relation_oid(self.conn, table),),
-        ).fetchall()
-        types = {str(name): str(kind) for name, kind in rows}
+        types = self._column_types(table)
         columns = table.columns
         problems = [missing] if missing else []
         for column, allowed in ((columns.id, ID_TYPES), (columns.payload, PAYLOAD_TYPES)):
@@ -271,16 +303,11 @@ class Prerequisites:
                 problems.append(
                     f"column {column} is {kind}; expected one of {', '.join(sorted(allowed))}"
                 )
-        if (
-            self.settings.sweep_interval > 0
-            and columns.id in types
-            and not has_unique_id(self.conn, table)
-        ):
-            problems.append(
-                f"column {columns.id} has no unique index, and the sweeper deletes by id: run "
-                f"CREATE UNIQUE INDEX ON {table.sql_name} ({columns.id}) (or "
-                "CDC_RELAY_SWEEP_INTERVAL=0)"
-            )
+        problems += self._condition_columns(table, types)
+        if self.settings.sweep_interval > 0:
+            key = resolve_row_key(self.conn, table)
+            if key.problem is not None:
+                problems.append(key.problem)
         if self.settings.sweep_retention_seconds > 0:
             created_at = columns.created_at
             if created_at is None or created_at not in types:
@@ -367,7 +394,9 @@ class Prerequisites:
     def publication(self) -> str:
         name = self.settings.publication_name
         wanted = [t.table for t in self.tables]
-        create = create_publication_statement(name, self.tables, self.conn)
+        create = create_publication_statement(
+            name, self.tables, self.conn, row_filters_supported(self.conn)
+        )
         row = self.conn.execute(
             "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, "
             "pg_get_userbyid(pubowner) FROM pg_publication WHERE pubname = %s",
@@ -387,8 +416,17 @@ class Prerequisites:
         all_tables, insert, update, delete, truncate = (bool(v) for v in flags)
         if all_tables:
             raise Unmet(
-                f"{name} publishes ALL TABLES, every write of the database would be decoded: "
-                f"DROP PUBLICATION {name}; {create}"
+                f"{name} publishes ALL TABLES (Debezium's default), so every write of the "
+                "database is decoded and sent to the relay, which drops all but the outbox "
+                f"inserts: replace it in one transaction (no gap for the slot): BEGIN; DROP "
+                f"PUBLICATION {name}; {create} COMMIT;"
+            )
+        filtered = ""
+        if any(t.row_filter for t in self.tables):
+            filtered = (
+                ", rows filtered in the publication and by the relay"
+                if row_filters_supported(self.conn)
+                else ", rows filtered by the relay (this server has no publication row filters)"
             )
         published = self._published_tables(name)
         problems = self._coverage(name, published, insert)
@@ -406,9 +444,16 @@ class Prerequisites:
                 f"it publishes {', '.join(others)}; the relay needs inserts only (the sweeper's "
                 f"deletes must not stream): run ALTER PUBLICATION {name} SET (publish = 'insert')"
             )
+        mismatch = find_mismatch(self.conn, name, self.tables)
+        if mismatch is not None:
+            who = "the relay sets them when it starts" if mismatch.owned else "as its owner"
+            problems.append(
+                f"its row filters differ from the settings ({mismatch.describe()}): {who} run "
+                f"{mismatch.fix(self.conn)}"
+            )
         if problems:
             raise Unmet(f"{name}: " + "; ".join(problems))
-        return f"{name} (owner {owner}) publishes inserts of {', '.join(wanted)} only"
+        return f"{name} (owner {owner}) publishes inserts of {', '.join(wanted)} only{filtered}"
 
     def publication_covers(self) -> str:
         """The publication, if it exists, streams the inserts of every outbox table — what the

@@ -373,8 +373,17 @@ class Relay:
             log.info(
                 "created publication", extra={"fields": {"publication": settings.publication_name}}
             )
+        changed = source.ensure_row_filters()  # exit 3 naming the fix when it may not
         store = self._store(conn)
         store.ensure_table()
+        if changed is not None:
+            log.warning(
+                "set the publication's row filters as configured; rows committed before are "
+                "not swept",
+                extra={"fields": {"publication": settings.publication_name,
+                                  "was": changed.describe()}},
+            )  # fmt: skip
+            store.restart_sweep_boundary()
         recorded = store.load()
         carried = self._carried_position()
         if carried is not None and (recorded is None or carried > recorded):

@@ -39,6 +39,7 @@ from cdc_relay.decode.messages import (
     LogicalMessage,
     Relation,
     StreamStart,
+    TupleData,
 )
 from cdc_relay.errors import (
     LeadershipLost,
@@ -184,6 +185,11 @@ class Session:
         self.tables = {table.schema_and_name: table for table in settings.tables()}
         self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
         self.mappings: dict[int, OutboxMapping] = {}
+        # Tables with a row filter: off the hot path, each row tested first (None: the relation
+        # lacks a filter column, so its rows cannot be told apart and are refused).
+        self.filtered: dict[int, tuple[OutboxMapping, Callable[[TupleData], bool] | None]] = {}
+        # The last filtered row's transaction, table and delivery callback (one per transaction).
+        self.filtered_callback: tuple[PendingTransaction, str, TransactionCallback] | None = None
         self.ignored_relations: set[int] = set()
         now = time.monotonic()
         self.last_housekeeping = now
@@ -236,7 +242,7 @@ class Session:
                                 callback_table = mapping.table
                             self.publish(mapping, message.new, txn, callback)
                         else:
-                            self.ignore(message.relation_id)
+                            self.unmapped_insert(message, txn)
                     elif isinstance(message, Begin):
                         txn = watermark.open(
                             message.final_lsn,
@@ -290,6 +296,7 @@ class Session:
 
     def on_relation(self, relation: Relation) -> None:
         table = self.tables.get((relation.namespace, relation.name))
+        self.filtered.pop(relation.relation_id, None)
         if table is None:
             self.mappings.pop(relation.relation_id, None)
             return
@@ -304,7 +311,48 @@ class Session:
                 "outbox table lacks required columns; its rows will be dead-lettered",
                 extra={"fields": {"table": mapping.table, "missing": ",".join(mapping.missing)}},
             )
-        self.mappings[relation.relation_id] = mapping
+        condition = table.filter
+        if condition is None:
+            self.mappings[relation.relation_id] = mapping
+            return
+        self.mappings.pop(relation.relation_id, None)
+        positions = {column.name: i for i, column in enumerate(relation.columns)}
+        try:
+            accepts: Callable[[TupleData], bool] | None = condition.matcher(positions)
+        except KeyError:
+            accepts = None
+            log.error(
+                "outbox table lacks a column of its row filter; its rows will be dead-lettered",
+                extra={"fields": {"table": mapping.table, "filter": str(condition)}},
+            )
+        self.filtered[relation.relation_id] = (mapping, accepts)
+
+    def unmapped_insert(self, message: Insert, txn: PendingTransaction | None) -> None:
+        """An insert the hot path has no mapping for: a row of a filtered outbox table, relayed
+        when it matches the filter (the publication's filter already left out most others, but
+        not on PostgreSQL 14, with wal2json, or for rows committed before it was set), or a row
+        of another relation, ignored."""
+        entry = self.filtered.get(message.relation_id)
+        if entry is None or txn is None:
+            self.ignore(message.relation_id)
+            return
+        mapping, accepts = entry
+        if accepts is None:
+            txn.events += 1
+            position = b"%b%d" % (txn.position, txn.events)
+            reason = "the row lacks a column of the table's row filter"
+            self.refuse_unmapped(mapping, message.new, txn, reason, None, position=position)
+            return
+        try:
+            matched = accepts(message.new)
+        except IndexError:  # fewer values than the relation has columns: not a row of it
+            matched = True  # the mapping refuses it (dead letter), never silently drops it
+        if matched:
+            cached = self.filtered_callback
+            if cached is None or cached[0] is not txn or cached[1] is not mapping.table:
+                cached = (txn, mapping.table, self.tracker.callback(txn, mapping.table))
+                self.filtered_callback = cached
+            self.publish(mapping, message.new, txn, cached[2])
 
     def ignore(self, relation_id: int) -> None:
         if relation_id not in self.ignored_relations:

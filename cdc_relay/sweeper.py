@@ -7,12 +7,17 @@ WAL, and the statement's snapshot is taken before the function runs). The relay'
 event. So, per outbox table, two phases and no state that must survive a crash:
 
 1. *select*: one short statement returns the fence ``L = pg_current_wal_insert_lsn()`` together
-   with up to ``CDC_RELAY_SWEEP_BATCH_SIZE`` candidate ids (older than the retention, if any),
-   in id order; a backlog is read as several such pages, each with its own fence, up to
-   :data:`MAX_CANDIDATES_PER_TABLE` per pass;
-2. *delete*: once the recorded position is ``>= L``, ``DELETE ... WHERE id = ANY(candidates)`` in a
-   transaction of its own: row locks on published rows only, never a table lock, so inserting
-   writers are never blocked.
+   with up to ``CDC_RELAY_SWEEP_BATCH_SIZE`` candidate row keys (of rows matching the table's row
+   filter and sweep condition, older than the retention, if any), in key order; a backlog is read
+   as several such pages, each with its own fence, up to :data:`MAX_CANDIDATES_PER_TABLE` per
+   pass;
+2. *delete*: once the recorded position is ``>= L``, ``DELETE ... WHERE key = ANY(candidates)``
+   (and the row filter and sweep condition, checked again) in a transaction of its own: row locks
+   on published rows only, never a table lock, so inserting writers are never blocked.
+
+The row key is not the event id: it is the table's primary key or configured unique columns
+(:mod:`cdc_relay.row_key`), whatever column feeds the ``id`` header. A row the row filter leaves
+out is never published, so it is never a candidate either: rows for another destination stay.
 
 Candidates wait in memory between passes; after a crash they are simply selected again — with a
 new fence, which the relay has to confirm past first (the fence is the WAL's end, always beyond
@@ -26,7 +31,11 @@ by the lease holder, and only ever with positions Kafka acknowledged.
 
 Two guards: a table is swept only while the relay's publication publishes its inserts (rows of a
 table the relay does not stream are never "published", whatever the recorded position says), and
-only when its id column has a unique index (the delete names rows by id).
+only when it has a row key that is unique (the delete names rows by it).
+
+Retention compares the creation-time column with ``now()``; a ``timestamp without time zone``
+(or ``date``) column is read in ``CDC_RELAY_SWEEP_TIME_ZONE`` (UTC by default), never in the
+session's ``TimeZone``, which would shift retention by the server's offset from it.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.replication.source import connect, relation_oid
+from cdc_relay.row_key import key_types, resolve_row_key
 
 log = logging.getLogger(__name__)
 
@@ -175,26 +185,18 @@ class SweepResult:
         return lines
 
 
-def has_unique_id(conn: Connection, table: OutboxTable) -> bool:
-    """Whether a unique index on the id column alone exists (a primary key is one).
-
-    The sweeper deletes by id: without uniqueness an id could also name a later, unpublished row.
-    """
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a "
-        "ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
-        "WHERE i.indrelid = %s AND i.indisunique AND i.indnkeyatts = 1 "
-        "AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = %s)",
-        (relation_oid(conn, table), table.columns.id),
-    ).fetchone()
-    return bool(row and row[0])
-
-
 class _TableState:
     def __init__(self, table: OutboxTable) -> None:
         self.table = table
         self.queue = CandidateQueue()
         self.unselected = 0  # estimate of eligible rows beyond the candidates (selection capped)
+        self.key: tuple[str, ...] = ()  # the row key, resolved each pass
+        self.key_types: list[sql.Composable] = []  # of a key of several columns
+        # Row filter and sweep condition: what a row must match to be deleted at all.
+        conditions = [c for c in (table.filter, table.sweep_filter) if c is not None]
+        self.condition: sql.Composable | None = (
+            sql.SQL(" AND ").join(c.render() for c in conditions) if conditions else None
+        )
 
 
 class Sweeper:
@@ -329,14 +331,16 @@ class Sweeper:
                     "are not relayed, so none is ever deleted"
                 )
                 continue
-            if not has_unique_id(conn, state.table):
-                # DELETE ... WHERE id = ANY(...) would also hit a later row with the same id.
+            key = resolve_row_key(conn, state.table)
+            if key.problem is not None or key.columns != state.key:
+                # A delete by a key that is not unique could also hit a later row; candidates
+                # selected by another key are not this key's values.
                 state.queue.clear()
-                result.errors[table] = (
-                    f"column {state.table.columns.id} has no unique index, so an id may not name "
-                    f"one row: CREATE UNIQUE INDEX ON {state.table.sql_name} "
-                    f"({state.table.columns.id})"
-                )
+                state.key = key.columns
+                multi = len(key.columns) > 1
+                state.key_types = key_types(conn, state.table, key.columns) if multi else []
+            if key.problem is not None:
+                result.errors[table] = key.problem
                 continue
             if self._stopping():
                 break
@@ -348,6 +352,7 @@ class Sweeper:
                 psycopg.errors.UndefinedTable,
                 psycopg.errors.UndefinedColumn,
                 psycopg.errors.InsufficientPrivilege,
+                psycopg.errors.InvalidParameterValue,
             ) as exc:
                 state.queue.clear()
                 result.errors[table] = self._setup_message(state.table, exc)
@@ -370,7 +375,7 @@ class Sweeper:
                 self._rest(started)
             started = time.monotonic()
             try:
-                ids = self._delete(conn, state.table, batch)
+                ids = self._delete(conn, state, batch)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
                 # Somebody holds one of these rows: try again next pass.
                 state.queue.put_back(taken[index:])
@@ -391,15 +396,32 @@ class Sweeper:
             time.sleep(elapsed)
 
     def _delete(
-        self, conn: Connection, table: OutboxTable, batch: Candidates
+        self, conn: Connection, state: _TableState, batch: Candidates
     ) -> tuple[object, ...]:
-        """One short transaction (autocommit): delete the batch, return the ids deleted."""
-        id_column = sql.Identifier(table.columns.id)
-        statement = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s) RETURNING {}").format(
-            sql.Identifier(*table.schema_and_name), id_column, id_column
+        """One short transaction (autocommit): delete the batch, return the keys deleted (a value
+        per row for a one-column key, a tuple for a longer one)."""
+        key = [sql.Identifier(c) for c in state.key]
+        table = sql.Identifier(*state.table.schema_and_name)
+        returning = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
+        if len(key) == 1:
+            match = sql.SQL("t.{} = ANY(%s)").format(key[0])
+            params: list[object] = [list(batch.ids)]
+        else:
+            # One array per key column, each of the types psycopg read them as.
+            match = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
+                returning,
+                sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in state.key_types),
+            )
+            params = [[row[i] for row in batch.ids] for i in range(len(key))]  # type: ignore[index]
+        if state.condition is not None:
+            match = sql.SQL("{} AND {}").format(match, state.condition)
+        statement = sql.SQL("DELETE FROM {} AS t WHERE {} RETURNING {}").format(
+            table, match, returning
         )
-        rows = conn.execute(statement, (list(batch.ids),)).fetchall()
-        return tuple(row[0] for row in rows)
+        rows = conn.execute(statement, params).fetchall()
+        if len(key) == 1:
+            return tuple(row[0] for row in rows)
+        return tuple(tuple(row) for row in rows)
 
     def _select(self, conn: Connection, state: _TableState) -> None:
         """Phase 1: pages of candidates, each with its own fence, up to the per-table cap."""
@@ -408,9 +430,10 @@ class Sweeper:
         boundary = self._sweep_boundary(conn)
         if boundary is None:
             return  # no slot recorded yet: nothing is known to be published
+        created_at = self._created_at(conn, table)
         after: object = None
         while state.queue.rows < MAX_CANDIDATES_PER_TABLE and not self._stopping():
-            fence, ids = self._select_page(conn, table, after, boundary)
+            fence, ids = self._select_page(conn, state, after, boundary, created_at)
             state.queue.add(fence, ids)
             if len(ids) < self.batch_size:
                 return
@@ -423,40 +446,70 @@ class Sweeper:
         live = int(str(row[0])) if row and row[0] is not None else 0
         state.unselected = max(live - state.queue.rows, 0)
 
+    def _created_at(self, conn: Connection, table: OutboxTable) -> sql.Composable | None:
+        """The retention condition's left side, read as an absolute time; None: no retention."""
+        if self.retention <= 0:
+            return None
+        assert table.columns.created_at is not None  # checked in __init__
+        column = sql.Identifier(table.columns.created_at)
+        row = conn.execute(
+            "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = %s "
+            "AND attname = %s AND NOT attisdropped",
+            (relation_oid(conn, table), table.columns.created_at),
+        ).fetchone()
+        cutoff = sql.SQL("now() - make_interval(secs => {})").format(sql.Literal(self.retention))
+        if row is not None and row[0] in ("timestamp without time zone", "date"):
+            # The cutoff as a wall-clock time in the column's zone: the column itself is
+            # compared as stored, so an index on it still serves.
+            zone = sql.Literal(self.settings.sweep_time_zone)
+            return sql.SQL("{} < ({}) AT TIME ZONE {}").format(column, cutoff, zone)
+        return sql.SQL("{} < {}").format(column, cutoff)
+
     def _select_page(
-        self, conn: Connection, table: OutboxTable, after: object, boundary: int
+        self,
+        conn: Connection,
+        state: _TableState,
+        after: object,
+        boundary: int,
+        created_at: sql.Composable | None,
     ) -> tuple[int, list[object]]:
-        id_column = sql.Identifier(table.columns.id)
+        key = [sql.Identifier(c) for c in state.key]
+        columns = sql.SQL(", ").join(key)
         # Only rows of transactions the slot is sure to have streamed (see
         # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
         # wraparound, and a frozen xmin has the greatest age, so it is never taken.
         conditions: list[sql.Composable] = [sql.SQL("age(xmin) <= age(%s::text::xid)")]
         params: list[object] = [str(boundary & 0xFFFFFFFF)]
         if after is not None:
-            conditions.append(sql.SQL("{} > %s").format(id_column))
-            params.append(after)
-        if self.retention > 0:
-            assert table.columns.created_at is not None  # checked in __init__
+            after_values = list(after) if len(key) > 1 else [after]  # type: ignore[call-overload]
             conditions.append(
-                sql.SQL("{} < now() - make_interval(secs => %s)").format(
-                    sql.Identifier(table.columns.created_at)
+                sql.SQL("({}) > ({})").format(
+                    columns, sql.SQL(", ").join(sql.SQL("%s") for _ in key)
                 )
             )
-            params.append(self.retention)
-        where = (
-            sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-        )
-        # One statement: its snapshot precedes the fence, so every id it returns was committed
-        # below the fence.
+            params.extend(after_values)
+        if created_at is not None:
+            conditions.append(created_at)
+        if state.condition is not None:
+            conditions.append(state.condition)
+        # One statement: its snapshot precedes the fence, which it reads once per row returned
+        # (each reading is after the snapshot, so the lowest will do).
         statement = sql.SQL(
-            "SELECT pg_current_wal_insert_lsn()::text, "
-            "array(SELECT {id} FROM {table}{where} ORDER BY {id} LIMIT %s)"
-        ).format(id=id_column, table=sql.Identifier(*table.schema_and_name), where=where)
+            "SELECT pg_current_wal_insert_lsn()::text, {columns} FROM {table} "
+            "WHERE {where} ORDER BY {columns} LIMIT %s"
+        ).format(
+            columns=columns,
+            table=sql.Identifier(*state.table.schema_and_name),
+            where=sql.SQL(" AND ").join(conditions),
+        )
         params.append(self.batch_size)
-        row = conn.execute(statement, params).fetchone()
-        assert row is not None
-        fence_text, ids = row
-        return parse_lsn(str(fence_text)), list(ids) if isinstance(ids, list) else []
+        rows = conn.execute(statement, params).fetchall()
+        if not rows:
+            return 0, []
+        fence = min(parse_lsn(str(row[0])) for row in rows)
+        if len(key) == 1:
+            return fence, [row[1] for row in rows]
+        return fence, [tuple(row[1:]) for row in rows]
 
     # -- what the relay has published --------------------------------------------------------
 
@@ -512,6 +565,8 @@ class Sweeper:
             )
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return f"{detail}: GRANT SELECT, DELETE ON {table.sql_name} TO the relay's user"
+        if isinstance(exc, psycopg.errors.InvalidParameterValue):
+            return f"{detail}: check {env_name('sweep_time_zone')} (a name in pg_timezone_names)"
         return detail
 
     def _log(self, result: SweepResult) -> None:

@@ -105,6 +105,10 @@ class _Setup:
             raise _SetupFailed(f"prerequisites: {exc}", exc.exit_code) from None
         try:
             created = self.source.ensure_publication()
+            changed = self.source.ensure_row_filters()
+            if changed is not None:
+                self.store.restart_sweep_boundary()
+                self.out(f"changed publication {settings.publication_name}: {changed.describe()}")
         except SourceSetupError as exc:
             raise _SetupFailed(
                 f"publication {settings.publication_name}: {exc}", exc.exit_code

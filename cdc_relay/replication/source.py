@@ -18,6 +18,12 @@ from cdc_relay.database_url import connect_error
 from cdc_relay.ddl import create_publication_statement, publication_ddl
 from cdc_relay.errors import SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.publication_filter import (
+    FilterMismatch,
+    find_mismatch,
+    fix_mismatch,
+    row_filters_supported,
+)
 from cdc_relay.replication.stream import APPLICATION_NAME
 
 MIN_SERVER_VERSION = 140000
@@ -120,11 +126,14 @@ class SourceDatabase:
             self._conn, "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
         )
         if exists is None:
+            row_filters = row_filters_supported(self._conn)
             try:
-                self._conn.execute(publication_ddl(self._publication, self._tables, self._conn))
+                self._conn.execute(
+                    publication_ddl(self._publication, self._tables, self._conn, row_filters)
+                )
             except psycopg.errors.InsufficientPrivilege as exc:
                 statement = create_publication_statement(
-                    self._publication, self._tables, self._conn
+                    self._publication, self._tables, self._conn, row_filters
                 )
                 raise SourceSetupError(
                     f"cannot create publication {self._publication}: {exc.diag.message_primary}. "
@@ -132,6 +141,14 @@ class SourceDatabase:
                 ) from None
             return True
         return False  # what it publishes: cdc_relay.prerequisites, checked before
+
+    def ensure_row_filters(self) -> FilterMismatch | None:
+        """Give the outbox tables the publication's row filters the settings say (what it set,
+        None when all agreed); SourceSetupError naming the fix when this role may not."""
+        mismatch = find_mismatch(self._conn, self._publication, self._tables)
+        if mismatch is not None:
+            fix_mismatch(self._conn, mismatch)
+        return mismatch
 
     def slot(self) -> SlotState | None:
         return slot_state(self._conn, self._slot)

@@ -112,6 +112,32 @@ def test_setup_twice_is_idempotent(env: dict[str, str]) -> None:
     assert first.stdout.splitlines()[-1].split()[-1] == lines[-1].split()[-1]
 
 
+def test_setup_gives_the_publication_the_configured_row_filter(
+    database: str, env: dict[str, str]
+) -> None:
+    filtered = {**env, "CDC_RELAY_OUTBOX_ROW_FILTER": "aggregate_type IN ('order', 'invoice')"}
+    assert cdc_relay(filtered, "setup", "--create-outbox").returncode == 0
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    query = "SELECT rowfilter FROM pg_publication_tables WHERE pubname = %s"
+    created = scalar(database, query, publication)
+    assert created == "(aggregate_type = ANY (ARRAY['order'::text, 'invoice'::text]))"
+    assert not failed(cdc_relay(filtered, "check"))
+
+    # Another setting: check names the difference, setup changes it, check is content again.
+    other = {**env, "CDC_RELAY_OUTBOX_ROW_FILTER": "aggregate_type = 'order'"}
+    problem = failed(cdc_relay(other, "check"))["publication"]
+    assert "public.outbox is published with row filter" in problem, problem
+    assert "the relay sets them when it starts" in problem, problem
+    result = cdc_relay(other, "setup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"changed publication {publication}: public.outbox is published" in result.stdout
+    assert scalar(database, query, publication) == "(aggregate_type = 'order'::text)"
+    assert not failed(cdc_relay(other, "check"))
+    # No filter in the settings: the publication's goes too.
+    assert cdc_relay(env, "setup").returncode == 0
+    assert scalar(database, query, publication) is None
+
+
 def test_setup_will_not_recreate_a_lost_slot(database: str, env: dict[str, str]) -> None:
     assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
     slot = env["CDC_RELAY_SLOT_NAME"]
@@ -314,8 +340,10 @@ def test_check_fails_when_ids_are_not_unique_and_the_sweeper_is_on(
     assert result.returncode == 1
     assert set(failed(result)) == {"table public.outbox"}, result.stdout
     assert failed(result)["table public.outbox"] == (
-        "FAIL table public.outbox: column id has no unique index, and the sweeper deletes by id: "
-        "run CREATE UNIQUE INDEX ON public.outbox (id) (or CDC_RELAY_SWEEP_INTERVAL=0)"
+        "FAIL table public.outbox: public.outbox has no primary key and column id no unique "
+        "index, and the sweeper deletes by a key that names one row: add a primary key, set "
+        '"row_key" to unique columns in CDC_RELAY_OUTBOX_COLUMNS, or run CREATE UNIQUE INDEX ON '
+        "public.outbox (id) (or CDC_RELAY_SWEEP_INTERVAL=0)"
     )
     assert cdc_relay({**env, "CDC_RELAY_SWEEP_INTERVAL": "0"}, "check").returncode == 0
 

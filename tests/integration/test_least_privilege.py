@@ -210,3 +210,47 @@ def test_a_standby_of_the_same_role_takes_over_from_a_hung_leader(
     assert "ending its connections and taking over" in standby.logs()
     assert "cannot end the hung leader's connections" not in standby.logs()
     assert {r.header("id") for r in records} == {e.id.encode() for e in events}
+
+
+def test_a_publication_the_relay_does_not_own_keeps_its_filter_until_its_owner_fixes_it(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    relay_url, owner = least_privilege
+    env = relay_env(
+        relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,
+        outbox_row_filter="aggregate_type IN ('order', 'invoice')",
+    )  # fmt: skip
+    result = cdc_relay(env, "check")
+    assert result.returncode == 1
+    problem = failed(result)["publication"]
+    assert "public.outbox is published with no row filter" in problem, problem
+    fix = problem.split("as its owner run ", 1)[1]
+    assert fix.startswith(f'ALTER PUBLICATION "{PUBLICATION}" DROP TABLE'), fix
+
+    relay = RelayProcess(env).start()
+    try:
+        exit_code = relay.wait(60)
+    finally:
+        relay.close()
+    assert exit_code == 3, relay.logs()
+    assert fix in relay.logs()
+
+    # The statement named is the fix, run as the publication's owner.
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+        with conn.transaction():
+            conn.execute(fix.encode())
+    assert not failed(cdc_relay(env, "check")).get("publication")
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        events = [new_event(kind, "a-1", "created", {"n": i}) for i, kind in
+                  enumerate(["order", "shipment", "invoice", "order"])]  # fmt: skip
+        write_transactions(database, [events])
+        records = consume_all(
+            broker.bootstrap_servers, [f"{unique}.order", f"{unique}.invoice"], 3, 30
+        )
+    finally:
+        relay.close()
+    relayed = [e.id.encode() for e in events if e.aggregate_type != "shipment"]
+    assert sorted(r.header("id") or b"" for r in records) == sorted(relayed)

@@ -417,8 +417,10 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
     assert {str(i) for b in result.batches for i in b.ids} == {e.id for e in first}
     assert set(result.errors) == {"public.outbox2"}
     assert result.errors["public.outbox2"] == (
-        "column id has no unique index, so an id may not name one row: CREATE UNIQUE INDEX ON "
-        "public.outbox2 (id)"
+        "public.outbox2 has no primary key and column id no unique index, and the sweeper "
+        'deletes by a key that names one row: add a primary key, set "row_key" to unique columns '
+        "in CDC_RELAY_OUTBOX_COLUMNS, or run CREATE UNIQUE INDEX ON public.outbox2 (id) (or "
+        "CDC_RELAY_SWEEP_INTERVAL=0)"
     )
     assert scalar(database, "SELECT count(*) FROM outbox2") == 1
 

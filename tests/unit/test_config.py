@@ -889,3 +889,48 @@ def test_the_lease_outlasts_two_renewals() -> None:
     for name, value in [("leader_lease_timeout", "inf"), ("leader_lease_timeout", "0"),
                         ("leader_renew_interval", "nan")]:  # fmt: skip
         assert f"CDC_RELAY_{name.upper()}: " in config_error(**REQUIRED, **{name: value})
+
+
+def test_row_filter_and_sweep_condition_are_conditions_of_the_grammar() -> None:
+    settings = load_settings(
+        **REQUIRED,
+        outbox_row_filter="target_broker = 'kafka'",
+        sweep_condition="status IN ('published')",
+    )
+    (table,) = settings.tables()
+    assert str(table.filter) == "target_broker = 'kafka'"
+    assert str(table.sweep_filter) == "status IN ('published')"
+    message = config_error(
+        **REQUIRED, outbox_row_filter="target_broker = 'kafka'; DROP TABLE outbox"
+    )
+    assert message.startswith("invalid configuration: CDC_RELAY_OUTBOX_ROW_FILTER: ")
+    assert "DROP" not in message
+    assert "CDC_RELAY_SWEEP_CONDITION: " in config_error(
+        **REQUIRED, sweep_condition="status = published"
+    )
+
+
+def test_conditions_of_several_tables_are_set_per_table() -> None:
+    tables = [{"table": "a.outbox", "row_filter": "x = 'y'", "sweep_condition": "s IS NULL"}]
+    (table,) = load_settings(**REQUIRED, outbox_tables=tables).tables()
+    assert str(table.filter) == "x = 'y'"
+    assert str(table.sweep_filter) == "s IS NULL"
+    message = config_error(**REQUIRED, outbox_tables=tables, outbox_row_filter="x = 'y'")
+    assert 'with CDC_RELAY_OUTBOX_TABLES set "row_filter"' in message
+    assert "CDC_RELAY_OUTBOX_TABLES" in config_error(
+        **REQUIRED, outbox_tables=[{"table": "a.outbox", "row_filter": "x = y"}]
+    )
+
+
+def test_row_key_and_time_zone() -> None:
+    columns = {"id": "message_id", "row_key": ["message_id", "target_broker"]}
+    settings = load_settings(**REQUIRED, outbox_columns=columns, sweep_time_zone="Asia/Tokyo")
+    assert settings.tables()[0].columns.row_key == ("message_id", "target_broker")
+    assert settings.sweep_time_zone == "Asia/Tokyo"
+    assert "CDC_RELAY_OUTBOX_COLUMNS" in config_error(
+        **REQUIRED, outbox_columns={"row_key": ["a", "a"]}
+    )
+    assert "CDC_RELAY_OUTBOX_COLUMNS" in config_error(
+        **REQUIRED, outbox_columns={"row_key": ["a;b"]}
+    )
+    assert "CDC_RELAY_SWEEP_TIME_ZONE" in config_error(**REQUIRED, sweep_time_zone="UTC'; --")
