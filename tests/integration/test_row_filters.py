@@ -1,5 +1,6 @@
 """A framework-shaped outbox (issue 14): row id apart from the event id, one row per destination,
-a status column kept by the framework's own poller. Real PostgreSQL, the real broker, the real
+a status column kept by the framework's own poller; relayed with a topic per category and the bare
+aggregate id as key (both from stream_name), and swept by its primary key. Real PostgreSQL, the real broker, the real
 relay, both output plugins: what reaches Kafka and what rows remain."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from cdc_relay.row_filter import parse, parse_deparsed
 from cdc_relay.sweeper import Sweeper
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import RelayProcess, relay_env, scalar
-from tests.kafka_helpers import consume_with_grace
+from tests.kafka_helpers import consume_all, consume_with_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 
@@ -45,7 +46,29 @@ COLUMNS = {
     "payload": "data",
     "headers": None,
 }
+# The framework's mapping as a user would write it (README "Configuration examples"): topic per
+# category and the bare aggregate id as key, both from stream_name ("shop::order-<id>"), the
+# event id as the id header, an envelope with the event's type and stream.
+STREAM = r"([^:]+)::([^-]+)-(.*)"
+
+
+def _framework_columns(unique: str) -> dict[str, Any]:
+    return {
+        "id": "message_id",
+        "aggregate_type": None,
+        "aggregate_id": None,
+        "event_type": "type",
+        "payload": "data",
+        "headers": None,
+        "topic_from": {"column": "stream_name", "regex": STREAM, "replacement": f"{unique}.$2"},
+        "key_from": {"column": "stream_name", "regex": STREAM, "replacement": "$3"},
+        "value": "envelope",
+        "additional_placement": ["correlation_id:header", "stream_name:envelope:stream"],
+    }
+
+
 DESTINATIONS = ("kafka", "rabbit")
+CATEGORIES = ("order", "payment")
 RELAY = {"confirm_interval": "0.2", "idle_confirm_interval": "0.3", "topic_partitions": "1"}
 
 
@@ -74,7 +97,7 @@ def _settings(env: dict[str, str], **overrides: object) -> Settings:
     return load_settings(**values)
 
 
-def _write(database: str, count: int) -> list[str]:
+def _write(database: str, count: int, categories: tuple[str, ...] = ("order",)) -> list[str]:
     """``count`` events, each one row per destination in one transaction, as the framework's
     unit of work writes them; their event ids in commit order."""
     ids = []
@@ -92,7 +115,7 @@ def _write(database: str, count: int) -> list[str]:
                             str(uuid.uuid4()),
                             message_id,
                             broker,
-                            f"shop::order-{n}",
+                            f"shop::{categories[n % len(categories)]}-{n}",
                             orjson.dumps({"n": n}).decode(),
                         ),
                     )
@@ -111,13 +134,15 @@ def test_one_row_per_event_is_relayed_and_only_relayed_rows_are_swept(
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(FRAMEWORK_DDL.encode())
     env = _env(database, broker, unique)
+    env["CDC_RELAY_OUTBOX_COLUMNS"] = orjson.dumps(_framework_columns(unique)).decode()
+    topics = [f"{unique}.{category}" for category in CATEGORIES]
+    for topic in topics:
+        broker.create_topic(topic, partitions=1)
     relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
-        ids = _write(database, 40)
-        records = consume_with_grace(
-            broker.bootstrap_servers, f"{unique}.shop", len(ids), timeout=30, grace=1.5
-        )
+        ids = _write(database, 40, CATEGORIES)
+        records = consume_all(broker.bootstrap_servers, topics, len(ids), 30, grace=1.5)
         # Sweeping waits for the status the framework's poller sets, and never takes the other
         # destination's rows, whatever their status.
         waiting = Sweeper(_settings(env, sweep_condition="status = 'published'"))
@@ -143,9 +168,13 @@ def test_one_row_per_event_is_relayed_and_only_relayed_rows_are_swept(
     finally:
         relay.close()
 
-    event_ids = [dict(r.headers)["id"].decode() for r in records]
-    assert event_ids == ids, "one record per event, in commit order, the id header the event id"
-    assert {r.key for r in records} == {f"shop::order-{n}".encode() for n in range(40)}
+    for i, topic in enumerate(topics):  # one topic per category, in commit order within it
+        arrived = [r for r in records if r.topic == topic]
+        assert [r.header("id") for r in arrived] == [m.encode() for m in ids[i::2]], topic
+        assert [r.key for r in arrived] == [str(n).encode() for n in range(i, 40, 2)], topic
+        envelope = orjson.loads(arrived[0].value or b"")
+        assert envelope == {"payload": {"n": i}, "stream": f"shop::{CATEGORIES[i]}-{i}"}
+    assert len(records) == len(ids), "one record per event although each has two rows"
     assert nothing.deleted == 0, "no row has the status the sweep condition asks for"
     assert marked.deleted == 10
     row_ids = {str(i) for b in marked.batches for i in b.ids}
