@@ -52,7 +52,7 @@ from cdc_relay.row_key import resolve_row_key
 PROBE_TIMEOUT = "5s"
 
 ID_TYPES = frozenset({"uuid", "text", "character varying"})
-PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "bytea"})
+PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "character varying", "bytea"})
 CONDITION_TYPES = frozenset({"text", "character varying"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
 

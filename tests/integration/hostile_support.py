@@ -19,6 +19,7 @@ TABLES = {
     "t_json": ("text", "json", "json"),
     "t_text": ("character varying", "text", "text"),
     "t_bytea": ("text", "bytea", "jsonb"),
+    "t_varchar": ("text", "character varying", "json"),  # Debezium's outbox_text shape
 }
 # A table whose other columns have "wrong" types: their text forms travel.
 ODD_TABLE = "t_odd"
