@@ -126,6 +126,7 @@ def time_relay(
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
     startup_s: float | None = None
+    start_replication_s: float | None = None
     with psycopg.connect(url, autocommit=True) as conn, relay:
         next_sample = relay.started
         while True:
@@ -141,6 +142,12 @@ def time_relay(
                         # of the session starting, so it includes a little streaming work).
                         startup_cpu = relay.cpu_seconds()
                         startup_s = now - relay.started
+                        # The instant the relay sent START_REPLICATION, on the monotonic clock
+                        # both processes share (perf_counter is that clock on Linux): exact,
+                        # whenever /status was read.
+                        sent = status.get("start_replication_monotonic")
+                        if sent is not None:
+                            start_replication_s = float(sent) - relay.started
                     if now >= next_sample:
                         samples_t.append(round(now - relay.started, 3))
                         samples_published.append(int(status["published"]))
@@ -159,6 +166,7 @@ def time_relay(
         "cpu_seconds": cpu,
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
         "startup_seconds": elapsed if startup_s is None else startup_s,
+        "start_replication_seconds": start_replication_s,
         "peak_rss_mb": rss,
         "published": published,
         "exit_code": exit_code,
@@ -211,6 +219,11 @@ def catchup_scenario(
             "cpu_s": round(relay["cpu_seconds"], 3),
             "cpu_us_per_event": round(relay["cpu_seconds"] / rows * 1e6, 2),
             "startup_s": round(relay["startup_seconds"], 3),
+            "start_replication_s": (
+                None
+                if relay["start_replication_seconds"] is None
+                else round(relay["start_replication_seconds"], 3)
+            ),
             "rows_per_s_after_startup": round(rows / streaming_seconds),
             "startup_cpu_s": round(relay["startup_cpu_seconds"], 3),
             "cpu_us_per_event_after_startup": round(
@@ -243,6 +256,7 @@ def run(rows: int, per_txn: int, plugin: str = "pgoutput") -> dict[str, Any]:
         "relay_s": result["relay"]["seconds"],
         "relay_rows_per_s": result["relay"]["rows_per_s"],
         "relay_startup_s": result["relay"]["startup_s"],
+        "relay_start_replication_s": result["relay"]["start_replication_s"],
         "relay_rows_per_s_after_startup": result["relay"]["rows_per_s_after_startup"],
         "relay_cpu_us_per_event": result["relay"]["cpu_us_per_event"],
         "relay_peak_rss_mb": result["relay"]["peak_rss_mb"],
