@@ -7,9 +7,11 @@ then to the slot). A lost PostgreSQL connection or a Kafka producer that stops m
 ends the session; the next one starts, after a backoff, from the position everything before which
 Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
 an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
-that those events are not published twice. What the relay cannot fix (configuration,
-prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
-whose exit code the CLI returns.
+that those events are not published twice. A session sends ``START_REPLICATION`` as soon as the
+checks allow, then loads its code, builds the producer and reads back from Kafka while the server
+decodes its way to the start position (start-up time, issue 17). What the relay cannot fix
+(configuration, prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the
+project's error, whose exit code the CLI returns.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 STANDBY_LOG_INTERVAL = 60.0  # a standby says so at start and this often
 SLOT_RELEASE_POLL = 0.05
+CHECKED_FRESH = 5.0  # seconds the start-up check stands for the first session's
 
 
 class Relay:
@@ -101,6 +104,7 @@ class Relay:
         # The start-up check's connection, handed to the first session if this process leads at
         # once: that session then neither connects nor checks again.
         self._checked: Connection | None = None
+        self._checked_at = 0.0
 
     @property
     def leading(self) -> bool:
@@ -191,8 +195,6 @@ class Relay:
             while not self.stopping:
                 if not self._await_leadership():
                     break
-                if self._checked is not None and not leadership.leading:
-                    self._drop_checked()  # stood by: a connection kept idle meanwhile is stale
                 self.stats.leader = True
                 try:
                     self._run_sessions()
@@ -228,7 +230,7 @@ class Relay:
                 except BaseException:
                     conn.close()
                     raise
-                self._checked = conn
+                self._checked, self._checked_at = conn, time.monotonic()
                 return
             except SourceUnavailable as exc:
                 delay = backoff.delay()
@@ -239,8 +241,14 @@ class Relay:
                 self._stop.wait(delay)
 
     def _take_checked(self) -> Connection | None:
+        """The start-up check's connection while its checks are fresh, else None."""
         conn, self._checked = self._checked, None
-        return conn if conn is not None and not conn.closed else None
+        if conn is None or conn.closed:
+            return None
+        if time.monotonic() - self._checked_at > CHECKED_FRESH:
+            conn.close()  # stood by meanwhile: the session connects and checks again
+            return None
+        return conn
 
     def _drop_checked(self) -> None:
         conn = self._take_checked()
@@ -256,6 +264,8 @@ class Relay:
             self.stats.last_loop = now
             if leadership.leading:
                 return True
+            if self._checked is not None and now - self._checked_at > CHECKED_FRESH:
+                self._drop_checked()  # a standby keeps no idle connection
             if now >= next_log:
                 next_log = now + STANDBY_LOG_INTERVAL
                 log.info(
