@@ -12,12 +12,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from cdc_relay import relay as relay_module
 from cdc_relay.observability import launch
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.relay import _Metrics
@@ -181,11 +184,12 @@ def test_the_age_counts_from_the_launch_not_from_the_first_import() -> None:
     code = """
 import time
 time.sleep(0.3)
+from cdc_relay import relay as relay_module
 from cdc_relay.observability import launch
 instant = launch.now()
 print(instant.since_launch, instant.monotonic, time.monotonic())
 """
-    started = __import__("time").monotonic()
+    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -197,3 +201,31 @@ print(instant.since_launch, instant.monotonic, time.monotonic())
     assert 0.29 <= since_launch < 30  # the kernel's tick is 10 ms
     assert started < monotonic <= later  # one clock for every process of the machine
     assert monotonic - started >= 0.3
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int]] = []
+
+    def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
+        self.sent.append((written, flushed))
+
+
+def test_while_the_read_back_runs_the_walsender_hears_the_start_position_every_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    stream = _Stream()
+    keepalive = relay_module._Keepalive(stream, 0x1234)  # type: ignore[arg-type]
+    for _ in range(10):  # served every 50 ms for half a second: nothing yet
+        clock[0] += 0.05
+        keepalive()
+    assert stream.sent == []
+    clock[0] += 0.6
+    keepalive()
+    keepalive()
+    assert stream.sent == [(0x1234, 0x1234)]  # the recorded start: confirms nothing new
+    clock[0] += 1.0
+    keepalive()
+    assert stream.sent == [(0x1234, 0x1234)] * 2
