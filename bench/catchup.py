@@ -171,6 +171,7 @@ def time_relay(
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
     startup_s: float | None = None
+    start_replication_s: float | None = None
     broker_s: float | None = None
     first_s: float | None = None
     with (
@@ -196,6 +197,12 @@ def time_relay(
                         # of the session starting, so it includes a little streaming work).
                         startup_cpu = cpu_seconds_with_children(relay.pid)
                         startup_s = now - relay.started
+                        # The instant the relay sent START_REPLICATION, on the monotonic clock
+                        # both processes share (perf_counter is that clock on Linux): exact,
+                        # whenever /status was read.
+                        sent = status.get("start_replication_monotonic")
+                        if sent is not None:
+                            start_replication_s = float(sent) - relay.started
                     if now >= next_sample:
                         samples_t.append(round(now - relay.started, 3))
                         samples_published.append(int(status["published"]))
@@ -222,6 +229,7 @@ def time_relay(
         "startup_seconds": elapsed if startup_s is None else startup_s,
         "broker_seconds": broker_s,
         "first_on_broker_seconds": first_s,
+        "start_replication_seconds": start_replication_s,
         "peak_rss_mb": rss,
         "published": published,
         "on_broker": on_broker,
@@ -313,7 +321,7 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
             "published": measured["published"],
             "exit_code": measured["exit_code"],
         }
-    for key in ("broker_seconds", "first_on_broker_seconds"):
+    for key in ("start_replication_seconds", "broker_seconds", "first_on_broker_seconds"):
         if measured.get(key) is not None:
             out[key.replace("seconds", "s")] = round(measured[key], 3)
     if "on_broker" in measured:
@@ -503,6 +511,7 @@ def run(
         "relay_s": result["relay"]["seconds"],
         "relay_rows_per_s": result["relay"]["rows_per_s"],
         "relay_startup_s": result["relay"]["startup_s"],
+        "relay_start_replication_s": result["relay"].get("start_replication_s"),
         "relay_rows_per_s_after_startup": result["relay"]["rows_per_s_after_startup"],
         "relay_cpu_us_per_event": result["relay"]["cpu_us_per_event"],
         "relay_peak_rss_mb": result["relay"]["peak_rss_mb"],

@@ -11,6 +11,7 @@ RATIO_MIN = 0.85  # catch-up at 10 rows/txn: relay rows/s ÷ pg_recvlogical rows
 CPU_US_MAX = 15.0  # relay CPU time per event, every scenario
 P99_MS_MAX = 20.0  # end-to-end p99 on the high-rate steady-state run (5k events/s)
 RSS_MB_MAX = 150.0  # relay peak RSS, every scenario
+START_REPLICATION_S_MAX = 0.15  # catch-up: relay launch -> it sends START_REPLICATION (issue 17)
 
 
 @dataclass
@@ -42,6 +43,9 @@ def evaluate(scenarios: dict[str, dict[str, Any]], enforce: bool) -> list[Target
     for key, result in scenarios.items():
         if key == "catchup_10_per_txn":
             add(key, "ratio", result["ratio"], ">=", RATIO_MIN)
+        sent = result["relay"].get("start_replication_s") if result["kind"] == "catchup" else None
+        if sent is not None:
+            add(key, "start_replication_s", sent, "<=", START_REPLICATION_S_MAX)
         if key == "steady_high":
             add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", P99_MS_MAX)
         add(key, "cpu_us_per_event", result["relay"]["cpu_us_per_event"], "<=", CPU_US_MAX)
@@ -100,6 +104,11 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                 ("", "time to all acknowledged, s", _num(relay["seconds"], 2),
                  _num(base["seconds"], 2), "", "", "")
             )  # fmt: skip
+            if relay.get("start_replication_s") is not None:
+                rows.append(
+                    ("", "launch → START_REPLICATION, s", _num(relay["start_replication_s"], 3),
+                     "", "", *verdict(key, "start_replication_s"))
+                )  # fmt: skip
             if "startup_s" in relay:
                 rows.append(
                     ("", f"  after the relay's start-up ({relay['startup_s']:.2f} s), rows/s",

@@ -191,6 +191,8 @@ def dump_stacks_on_sigusr1() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in (None, "run"):
+        gc.enable()  # paused while the modules loaded (__main__); run() tunes it
     if args.command in (None, "run", "sweep", "demo"):
         dump_stacks_on_sigusr1()
     if args.command == "demo":
@@ -275,6 +277,7 @@ def tune_garbage_collector() -> None:
     """
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    gc.enable()  # paused while the modules loaded (__main__)
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:

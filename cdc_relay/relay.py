@@ -7,9 +7,11 @@ then to the slot). A lost PostgreSQL connection or a Kafka producer that stops m
 ends the session; the next one starts, after a backoff, from the position everything before which
 Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
 an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
-that those events are not published twice. What the relay cannot fix (configuration,
-prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
-whose exit code the CLI returns.
+that those events are not published twice. A session sends ``START_REPLICATION`` as soon as the
+checks allow, then loads its code, builds the producer and reads back from Kafka while the server
+decodes its way to the start position (start-up time, issue 17). What the relay cannot fix
+(configuration, prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the
+project's error, whose exit code the CLI returns.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psycopg
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
@@ -35,13 +37,11 @@ from cdc_relay.errors import (
 )
 from cdc_relay.leadership import Leadership, terminate_backend
 from cdc_relay.lsn import format_lsn
+from cdc_relay.observability import launch
 from cdc_relay.observability.http import HealthServer
-from cdc_relay.observability.metrics import RelayMetrics
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
-from cdc_relay.publisher import Publisher, admin_config
-from cdc_relay.reconcile import Offsets, Reconciliation, reconcile_with_kafka
 from cdc_relay.replication.failover import (
     ensure_failover,
     promotion_note,
@@ -56,16 +56,25 @@ from cdc_relay.replication.source import (
     slot_state,
 )
 from cdc_relay.replication.stream import ReplicationStream, timeline, timeline_start
-from cdc_relay.session import Session
 from cdc_relay.sweeper import Sweeper
-from cdc_relay.topics import TopicRules
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from cdc_relay.observability.metrics import RelayMetrics
+    from cdc_relay.publisher import Publisher
+    from cdc_relay.reconcile import Offsets, Reconciliation
+    from cdc_relay.topics import TopicRules
 
 log = logging.getLogger(__name__)
+
+Connection = psycopg.Connection[tuple[object, ...]]
 
 READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 STANDBY_LOG_INTERVAL = 60.0  # a standby says so at start and this often
 SLOT_RELEASE_POLL = 0.05
+CHECKED_FRESH = 5.0  # seconds the start-up check stands for the first session's
 
 
 class Relay:
@@ -89,8 +98,13 @@ class Relay:
         self._timeline: tuple[str, int] | None = None  # (system id, timeline) it was read on
         self._offsets: Offsets | None = None  # and the acknowledged offsets at that position
         self._publisher: Publisher | None = None
-        self.topic_rules = TopicRules(settings)  # the topic creation limit is per process
+        # The topic creation limit is per process; made with the first session (it needs Kafka).
+        self.topic_rules: TopicRules | None = None
         self.leadership = Leadership(settings)
+        # The start-up check's connection, handed to the first session if this process leads at
+        # once: that session then neither connects nor checks again.
+        self._checked: Connection | None = None
+        self._checked_at = 0.0
 
     @property
     def leading(self) -> bool:
@@ -148,7 +162,7 @@ class Relay:
                 daemon=True,
             )
             sweeper_thread.start()
-        metrics = RelayMetrics(self.stats, self._registry or _process_registry())
+        metrics = _Metrics(self.stats, self._registry)
         server = None
         if self.settings.http_port:
             server = HealthServer(
@@ -196,6 +210,7 @@ class Relay:
                     self.stats.leader = False
                     self.stats.streaming = False
         finally:
+            self._drop_checked()
             leadership.release()  # after the clean stop: a standby takes over at once
 
     def _check_database(self) -> None:
@@ -205,12 +220,17 @@ class Relay:
         url = self.settings.database_url.get_secret_value()
         while not self.stopping:
             try:
-                with connect(url) as conn:
+                conn = connect(url)
+                try:
                     require(conn, self.settings)
                     store = PostgresCheckpointStore(
                         conn, self.settings.state_schema, self.settings.slot_name
                     )
                     store.ensure_table()
+                except BaseException:
+                    conn.close()
+                    raise
+                self._checked, self._checked_at = conn, time.monotonic()
                 return
             except SourceUnavailable as exc:
                 delay = backoff.delay()
@@ -219,6 +239,21 @@ class Relay:
                     extra={"fields": {"reason": str(exc), "retry_in_s": round(delay, 2)}},
                 )
                 self._stop.wait(delay)
+
+    def _take_checked(self) -> Connection | None:
+        """The start-up check's connection while its checks are fresh, else None."""
+        conn, self._checked = self._checked, None
+        if conn is None or conn.closed:
+            return None
+        if time.monotonic() - self._checked_at > CHECKED_FRESH:
+            conn.close()  # stood by meanwhile: the session connects and checks again
+            return None
+        return conn
+
+    def _drop_checked(self) -> None:
+        conn = self._take_checked()
+        if conn is not None:
+            conn.close()
 
     def _await_leadership(self) -> bool:
         """Wait as a standby until leading (True) or stopped (False); alive all along."""
@@ -229,6 +264,8 @@ class Relay:
             self.stats.last_loop = now
             if leadership.leading:
                 return True
+            if self._checked is not None and now - self._checked_at > CHECKED_FRESH:
+                self._drop_checked()  # a standby keeps no idle connection
             if now >= next_log:
                 next_log = now + STANDBY_LOG_INTERVAL
                 log.info(
@@ -290,28 +327,11 @@ class Relay:
     def _session(self) -> None:
         settings = self.settings
         url = settings.database_url.get_secret_value()
-        with connect(url) as conn:
-            start = self._prepare(conn)
+        checked = self._take_checked()
+        with checked or connect(url) as conn:
+            start = self._prepare(conn, checked=checked is not None)
             store = self._store(conn)
             offsets, noted = store.load_offsets()
-            reconciliation: Reconciliation | None = None
-            if settings.reconcile:
-                # The previous incarnation is gone (killed, or this process's purged producer):
-                # what it delivered after ``start`` is all in Kafka now.
-                reconciliation = reconcile_with_kafka(
-                    admin_config(settings.producer_config()),
-                    settings.slot_name,
-                    start,
-                    offsets=offsets,
-                    noted=noted,
-                    timeout=settings.reconcile_timeout,
-                    stopping=lambda: self.stopping,  # a stop does not wait for the read
-                )
-                if noted and reconciliation.renoted:
-                    noted = {**noted, **reconciliation.renoted}
-                    store.note_written_from(noted)
-            if self._publisher is None:
-                self._publisher = Publisher(settings.producer_config(), self.stats)
             stream = ReplicationStream(
                 url,
                 settings.slot_name,
@@ -320,45 +340,122 @@ class Relay:
                 coalesce=settings.read_coalesce_ms / 1000,
             )
             stream.open()
-            self.leadership.record_stream(conn, stream.backend_pid)
-            self.stats.sessions += 1
-            self.stats.streaming = True
-            log.info(
-                "streaming",
-                extra={"fields": {"slot": settings.slot_name, "start_lsn": format_lsn(start)}},
-            )
-            session = Session(
-                self,
-                settings,
-                self.stats,
-                self.tracing,
-                self.topic_rules,
-                source=stream,
-                sink=self._publisher,
-                store=store,
-                start=start,
-                heartbeat=lambda: emit_heartbeat(conn),
-                retained_wal=lambda: retained_wal(conn, settings.slot_name),
-                offsets=offsets,
-                reconciliation=reconciliation,
-                noted=noted,
-            )
             try:
-                session.stream()
-            except StopSession:
-                session.shutdown()
-            except SourceUnavailable:
-                # Deliveries still in flight count toward the position the next session resumes at.
-                session.drain()
-                raise
+                self._note_stream(conn, stream)
+                # The rest of the start-up overlaps the server's: while the walsender decodes the
+                # WAL up to ``start``, the read-back from Kafka runs on a thread of its own and
+                # this one loads the session's code and builds the producer. Nothing is
+                # published before both are done.
+                self._streaming(conn, store, stream, start=start, offsets=offsets, noted=noted)
             finally:
-                self._confirmed = session.confirmer.acknowledged()
-                self._offsets = dict(session.watermark.offsets)
-                self.stats.streaming = False
                 stream.close()
 
-    def _prepare(self, conn: psycopg.Connection[tuple[object, ...]]) -> int:
-        """Check the database, create what is missing, and decide where to start."""
+    def _note_stream(self, conn: Connection, stream: ReplicationStream) -> None:
+        """START_REPLICATION was sent and accepted: note where, and when (the first time)."""
+        self._timeline = stream.timeline
+        self.leadership.record_stream(conn, stream.backend_pid)
+        if self.stats.start_replication_monotonic is None:
+            instant = launch.now()
+            self.stats.start_replication_monotonic = instant.monotonic
+            self.stats.start_replication_after_launch_s = instant.since_launch
+
+    def _streaming(
+        self,
+        conn: Connection,
+        store: PostgresCheckpointStore,
+        stream: ReplicationStream,
+        *,
+        start: int,
+        offsets: Offsets | None,
+        noted: Offsets | None,
+    ) -> None:
+        """Relay from the opened ``stream`` until the session ends."""
+        # Late: what only a streaming leader needs (the producer, the decoder, Kafka's client).
+        from cdc_relay.publisher import Publisher  # noqa: PLC0415
+        from cdc_relay.session import Session  # noqa: PLC0415
+        from cdc_relay.topics import TopicRules, in_background, wait_serving  # noqa: PLC0415
+
+        settings = self.settings
+        reconciling = in_background(self._reconcile, start, offsets, noted, name="reconcile")
+        if self._publisher is None:
+            self._publisher = Publisher(settings.producer_config(), self.stats)
+        if self.topic_rules is None:
+            self.topic_rules = TopicRules(settings)
+        keepalive = _Keepalive(stream, start)
+        reconciliation = wait_serving(reconciling, keepalive)
+        if reconciliation is not None and noted and reconciliation.renoted:
+            noted = {**noted, **reconciliation.renoted}
+            store.note_written_from(noted)
+        self.stats.sessions += 1
+        self.stats.streaming = True
+        log.info(
+            "streaming",
+            extra={
+                "fields": {
+                    "slot": settings.slot_name,
+                    "start_lsn": format_lsn(start),
+                    "start_replication_after_launch_s": _rounded(
+                        self.stats.start_replication_after_launch_s
+                    ),
+                }
+            },
+        )
+        session = Session(
+            self,
+            settings,
+            self.stats,
+            self.tracing,
+            self.topic_rules,
+            source=stream,
+            sink=self._publisher,
+            store=store,
+            start=start,
+            heartbeat=lambda: emit_heartbeat(conn),
+            retained_wal=lambda: retained_wal(conn, settings.slot_name),
+            offsets=offsets,
+            reconciliation=reconciliation,
+            noted=noted,
+        )
+        try:
+            session.stream()
+        except StopSession:
+            session.shutdown()
+        except SourceUnavailable:
+            # Deliveries still in flight count toward the position the next session resumes at.
+            session.drain()
+            raise
+        finally:
+            self._confirmed = session.confirmer.acknowledged()
+            self._offsets = dict(session.watermark.offsets)
+            self.stats.streaming = False
+
+    def _reconcile(
+        self, start: int, offsets: Offsets | None, noted: Offsets | None
+    ) -> Reconciliation | None:
+        """What an earlier incarnation already delivered after ``start`` (None: not asked to)."""
+        if not self.settings.reconcile:
+            return None
+        from cdc_relay.publisher import admin_config  # noqa: PLC0415
+        from cdc_relay.reconcile import reconcile_with_kafka  # noqa: PLC0415
+
+        # The previous incarnation is gone (killed, or this process's purged producer): what it
+        # delivered after ``start`` is all in Kafka now.
+        return reconcile_with_kafka(
+            admin_config(self.settings.producer_config()),
+            self.settings.slot_name,
+            start,
+            offsets=offsets,
+            noted=noted,
+            timeout=self.settings.reconcile_timeout,
+            stopping=lambda: self.stopping,  # a stop does not wait for the read
+        )
+
+    def _prepare(self, conn: Connection, *, checked: bool = False) -> int:
+        """Check the database, create what is missing, and decide where to start.
+
+        ``checked``: ``conn`` is the one the start-up check has just run on (require() and the
+        state tables): not done twice.
+        """
         settings = self.settings
         source = SourceDatabase(
             conn,
@@ -367,7 +464,8 @@ class Relay:
             settings.slot_name,
             settings.plugin.value,
         )
-        require(conn, settings)
+        if not checked:
+            require(conn, settings)
         failover = wants_failover(conn, settings)  # exit 3 for "true" on PostgreSQL < 17
         if source.ensure_publication():
             log.info(
@@ -375,7 +473,8 @@ class Relay:
             )
         changed = source.ensure_row_filters()  # exit 3 naming the fix when it may not
         store = self._store(conn)
-        store.ensure_table()
+        if not checked:
+            store.ensure_table()
         if changed is not None:
             log.warning(
                 "set the publication's row filters as configured; rows committed before are "
@@ -420,16 +519,14 @@ class Relay:
         self.stats.confirmed_lsn = start
         return start
 
-    def _store(self, conn: psycopg.Connection[tuple[object, ...]]) -> PostgresCheckpointStore:
+    def _store(self, conn: Connection) -> PostgresCheckpointStore:
         """The position record, written only while this process holds the leader lease."""
         settings = self.settings
         return PostgresCheckpointStore(
             conn, settings.state_schema, settings.slot_name, holder=self.leadership.holder
         )
 
-    def _await_free_slot(
-        self, conn: psycopg.Connection[tuple[object, ...]], slot: SlotState
-    ) -> SlotState:
+    def _await_free_slot(self, conn: Connection, slot: SlotState) -> SlotState:
         """The slot as it is once its previous leader's walsender has let go of it.
 
         The predecessor's walsender (its pid is in the lease) is ended; another holder gets up
@@ -460,11 +557,12 @@ class Relay:
         the old primary's only up to the point where its timeline began: a position beyond that
         was read from WAL this server never had, and its own transactions there must be streamed.
         """
+        position, previous = self._confirmed, self._timeline
+        if position is None or previous is None:
+            return position  # nothing to carry, or not known where it was read: nothing to ask
         url = self.settings.database_url.get_secret_value()
         current = timeline(url)
-        previous, self._timeline = self._timeline, current
-        position = self._confirmed
-        if position is None or previous is None or previous == current:
+        if previous == current:
             return position
         if previous[0] != current[0]:
             log.warning("the database URL now leads to another cluster: not carrying the position")
@@ -490,10 +588,65 @@ class Relay:
             self._publisher = None
 
 
-def _process_registry() -> CollectorRegistry:
-    """A registry of our own (several relays may share a process in tests) with process metrics."""
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
-    return registry
+KEEPALIVE_INTERVAL = 1.0  # seconds between standby status updates while the session prepares
+
+
+class _Keepalive:
+    """While the session waits for the read-back, the walsender still hears from the relay: a
+    status update at the start position (recorded already) every second, so that a slow
+    read-back (up to CDC_RELAY_RECONCILE_TIMEOUT) never trips wal_sender_timeout."""
+
+    def __init__(self, stream: ReplicationStream, start: int) -> None:
+        self._stream = stream
+        self._start = start
+        self._next = time.monotonic() + KEEPALIVE_INTERVAL
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + KEEPALIVE_INTERVAL
+            self._stream.send_status(self._start, self._start)
+
+
+class _Metrics:
+    """The OpenTelemetry metrics, built when first scraped (``/metrics``).
+
+    The SDK and the Prometheus client cost ~0.1 s of imports that the start does not need: every
+    instrument is an observable one reading :class:`RelayStats` at collection time, so nothing is
+    lost by building them late. With an OTLP exporter configured, they are built at once (it
+    pushes on its own schedule).
+    """
+
+    def __init__(self, stats: RelayStats, registry: CollectorRegistry | None) -> None:
+        self._stats = stats
+        self._registry = registry
+        self._metrics: RelayMetrics | None = None
+        self._lock = threading.Lock()
+        from cdc_relay.observability.otel_env import otlp_metrics_configured  # noqa: PLC0415
+
+        if otlp_metrics_configured():
+            self._built()
+
+    def _built(self) -> RelayMetrics:
+        with self._lock:
+            if self._metrics is None:
+                from cdc_relay.observability.metrics import (  # noqa: PLC0415 - see the class
+                    RelayMetrics,
+                    process_registry,
+                )
+
+                self._metrics = RelayMetrics(self._stats, self._registry or process_registry())
+            return self._metrics
+
+    def prometheus_text(self) -> bytes:
+        return self._built().prometheus_text()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            metrics = self._metrics
+        if metrics is not None:
+            metrics.shutdown()
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)

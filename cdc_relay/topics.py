@@ -96,7 +96,7 @@ def wait_serving(future: Future[_T], serve: Callable[[], None]) -> _T:
         serve()
 
 
-def in_background(work: Callable[..., _T], *args: Any) -> Future[_T]:
+def in_background(work: Callable[..., _T], *args: Any, name: str = "topic") -> Future[_T]:
     """Run ``work`` on a daemon thread (one that never delays the process's exit)."""
     future: Future[_T] = Future()
 
@@ -106,5 +106,5 @@ def in_background(work: Callable[..., _T], *args: Any) -> Future[_T]:
         except BaseException as exc:  # handed to the waiting loop, which re-raises it
             future.set_exception(exc)
 
-    threading.Thread(target=run, name="cdc-relay-topic", daemon=True).start()
+    threading.Thread(target=run, name=f"cdc-relay-{name}", daemon=True).start()
     return future

@@ -9,22 +9,25 @@ message's WAL position and pgoutput does not.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.decode.messages import Message
-from cdc_relay.decode.pgoutput import PgOutputDecoder
-from cdc_relay.decode.wal2json import Wal2JsonDecoder, plugin_options
 from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
+
+if TYPE_CHECKING:
+    from cdc_relay.decode.messages import Message
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
-XLogDecoder = Callable[[memoryview], Sequence[Message]]
+XLogDecoder: TypeAlias = "Callable[[memoryview], Sequence[Message]]"
 
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
     if settings.plugin is Plugin.WAL2JSON:
+        from cdc_relay.decode.wal2json import plugin_options  # noqa: PLC0415 - this plugin's only
+
         return plugin_options(
             [t.table for t in settings.tables()], message_prefixes=(settings.message_prefix,)
         )
@@ -37,13 +40,19 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
 
 def decoder_for(settings: Settings) -> XLogDecoder:
     """A fresh decoder (decoders keep per-connection state) for one replication session."""
+    # Each decoder is imported only when configured, and late: the relay sends START_REPLICATION
+    # before it loads the code that reads the answer (issue 17).
     if settings.plugin is Plugin.WAL2JSON:
+        from cdc_relay.decode.wal2json import Wal2JsonDecoder  # noqa: PLC0415
+
         wal2json = Wal2JsonDecoder().decode
 
         def decode_wal2json(data: memoryview) -> Sequence[Message]:
             return wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big"))
 
         return decode_wal2json
+    from cdc_relay.decode.pgoutput import PgOutputDecoder  # noqa: PLC0415
+
     pgoutput = PgOutputDecoder().decode
 
     def decode_pgoutput(data: memoryview) -> Sequence[Message]:

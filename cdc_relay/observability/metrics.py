@@ -10,7 +10,6 @@ OpenTelemetry's style (``cdc_relay.events.published``); Prometheus shows them as
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -29,9 +28,17 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from cdc_relay import __version__
+from cdc_relay.observability.otel_env import otlp_metrics_configured
 from cdc_relay.observability.stats import LatencyHistogram, RelayStats
 
 LATENCY_METRIC = "cdc_relay.event.latency"
@@ -94,7 +101,7 @@ class _PrometheusReader(PrometheusMetricReader):
     def __init__(self, stats: RelayStats, registry: CollectorRegistry) -> None:
         super().__init__(registry=registry)
         self._stats = stats
-        self._start_ns = time.time_ns()
+        self._start_ns = int(stats.started_at * 1e9)  # built late: counted since the start
 
     def _receive_metrics(self, metrics_data: MetricsData, *args: Any, **kwargs: Any) -> None:
         super()._receive_metrics(
@@ -106,7 +113,7 @@ class _OtlpReader(PeriodicExportingMetricReader):
     def __init__(self, stats: RelayStats, exporter: Any) -> None:
         super().__init__(exporter)
         self._stats = stats
-        self._start_ns = time.time_ns()
+        self._start_ns = int(stats.started_at * 1e9)  # built late: counted since the start
 
     def _receive_metrics(self, metrics_data: MetricsData, *args: Any, **kwargs: Any) -> None:
         super()._receive_metrics(
@@ -114,12 +121,13 @@ class _OtlpReader(PeriodicExportingMetricReader):
         )
 
 
-def otlp_metrics_configured() -> bool:
-    exporters = os.environ.get("OTEL_METRICS_EXPORTER", "")
-    return "otlp" in exporters or bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-    )
+def process_registry() -> CollectorRegistry:
+    """A registry of our own (several relays may share a process in tests) with process metrics."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 class RelayMetrics:

@@ -80,6 +80,10 @@ class RelayStats:
     last_loop: float = field(default_factory=time.monotonic)
     delivery_stalled: bool = False
     sweeper: SweeperCounters | None = None  # set when the relay runs its sweeper
+    # The first START_REPLICATION: on the monotonic clock all processes share, and seconds since
+    # the process was launched (cdc_relay.observability.launch). None until it is sent.
+    start_replication_monotonic: float | None = None
+    start_replication_after_launch_s: float | None = None
 
     @property
     def published(self) -> int:
@@ -101,6 +105,8 @@ class RelayStats:
             "role": "leader" if self.leader else "standby",
             "streaming": self.streaming,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "start_replication_monotonic": self.start_replication_monotonic,
+            "start_replication_after_launch_s": self.start_replication_after_launch_s,
             "published": self.published,
             "published_by_topic": dict(self.published_by_topic),
             "dead_lettered": self.dead_lettered,

@@ -61,6 +61,7 @@ class ReplicationStream:
         self._coalesce = coalesce
         self._fed = False  # the last wait brought data
         self._woke_at = 0.0
+        self.timeline: tuple[str, int] | None = None  # the server's, read by open()
 
     @property
     def backend_pid(self) -> int:
@@ -74,6 +75,12 @@ class ReplicationStream:
             message = _text(conn.get_error_message())
             conn.finish()
             _raise_for_connect(message, self._conninfo)
+        try:
+            # Where this stream reads (one round trip here, rather than a connection of its own).
+            self.timeline = _system(_run(conn, "IDENTIFY_SYSTEM"))
+        except BaseException:
+            conn.finish()
+            raise
         # A replication command, not SQL: names are quoted identifiers (psycopg's Identifier;
         # wal2json's options have dashes), but the walsender's grammar knows only plain '...'
         # strings with '' for a quote — no E'' strings, which sql.Literal may produce.
@@ -218,23 +225,28 @@ def _command(database_url: str, command: str) -> list[tuple[bytes | None, ...]]:
     try:
         if conn.status != pq.ConnStatus.OK:
             _raise_for_connect(_text(conn.get_error_message()), conninfo)
-        result = conn.exec_(command.encode())
-        if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
-            sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
-            message = _text(result.get_error_message()) or _text(conn.get_error_message())
-            failed = f"{command.split(maxsplit=1)[0]} failed: {message or 'connection lost'}"
-            if is_error(sqlstate, (errors.ObjectInUse,)):
-                raise SlotInUse(failed)
-            # syntax/access (42), object state (55), not supported (0A): for an operator
-            if is_error(sqlstate, _SETUP_ERRORS) or sqlstate[:2] in ("42", "55", "0A"):
-                raise SourceSetupError(failed)
-            raise SourceUnavailable(failed)
-        return [
-            tuple(result.get_value(row, col) for col in range(result.nfields))
-            for row in range(result.ntuples)
-        ]
+        return _run(conn, command)
     finally:
         conn.finish()
+
+
+def _run(conn: pq.abc.PGconn, command: str) -> list[tuple[bytes | None, ...]]:
+    """One replication command on an open replication connection; its rows, as raw values."""
+    result = conn.exec_(command.encode())
+    if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
+        message = _text(result.get_error_message()) or _text(conn.get_error_message())
+        failed = f"{command.split(maxsplit=1)[0]} failed: {message or 'connection lost'}"
+        if is_error(sqlstate, (errors.ObjectInUse,)):
+            raise SlotInUse(failed)
+        # syntax/access (42), object state (55), not supported (0A): for an operator
+        if is_error(sqlstate, _SETUP_ERRORS) or sqlstate[:2] in ("42", "55", "0A"):
+            raise SourceSetupError(failed)
+        raise SourceUnavailable(failed)
+    return [
+        tuple(result.get_value(row, col) for col in range(result.nfields))
+        for row in range(result.ntuples)
+    ]
 
 
 def enable_failover(database_url: str, slot_name: str) -> None:
@@ -247,7 +259,11 @@ def enable_failover(database_url: str, slot_name: str) -> None:
 def timeline(database_url: str) -> tuple[str, int]:
     """The server's system identifier and current timeline (``IDENTIFY_SYSTEM``): a promoted
     standby keeps the first and starts a new second."""
-    rows = _command(database_url, "IDENTIFY_SYSTEM")
+    return _system(_command(database_url, "IDENTIFY_SYSTEM"))
+
+
+def _system(rows: list[tuple[bytes | None, ...]]) -> tuple[str, int]:
+    """(system identifier, timeline) from IDENTIFY_SYSTEM's row."""
     if not rows or rows[0][1] is None:
         raise SourceUnavailable("IDENTIFY_SYSTEM returned no timeline")
     return _text(rows[0][0]), int(_text(rows[0][1]))

@@ -113,6 +113,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
             _positive(scenario, "ratio")
             _positive(scenario, "ratio_after_startup")
             assert 0 < _positive(scenario, "relay", "startup_s") < scenario["relay"]["seconds"]
+            # START_REPLICATION goes out before /status first says streaming.
+            sent = _positive(scenario, "relay", "start_replication_s")
+            assert sent <= scenario["relay"]["startup_s"], key
             _positive(scenario, "relay", "rows_per_s_after_startup")
             assert len(scenario["throughput"]["t"]) >= 1, key
         else:

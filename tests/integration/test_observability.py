@@ -109,6 +109,10 @@ def test_metrics_report_exactly_what_was_relayed(
     assert status == 200
     snapshot = orjson.loads(body)
     assert snapshot["published"] == 30
+    # When it sent START_REPLICATION: after this test launched it (one monotonic clock for the
+    # machine), and since its own launch as the kernel recorded it.
+    assert snapshot["start_replication_monotonic"] > relay.started
+    assert 0 < snapshot["start_replication_after_launch_s"] < 60
     assert snapshot["dead_lettered"] == 1
     assert ready[0] == 200, ready
     assert command.returncode == 0, command.stderr

@@ -1,7 +1,7 @@
 """A framework-shaped outbox (issue 14): row id apart from the event id, one row per destination,
 a status column kept by the framework's own poller; relayed with a topic per category and the bare
-aggregate id as key (both from stream_name), and swept by its primary key. Real PostgreSQL, the real broker, the real
-relay, both output plugins: what reaches Kafka and what rows remain."""
+aggregate id as key (both from stream_name), and swept by its primary key. Real PostgreSQL, the
+real broker, the real relay, both output plugins: what reaches Kafka and what rows remain."""
 
 from __future__ import annotations
 
