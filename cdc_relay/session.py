@@ -55,6 +55,8 @@ from cdc_relay.observability.tracing import Tracing
 from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
+    ANY_PARTITION,
+    NO_TIMESTAMP,
     DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
@@ -95,7 +97,8 @@ class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
 
     @property
     def produce_raw(self) -> Callable[..., None]:
-        """The hot path's bound librdkafka call; raises what librdkafka raises."""
+        """The hot path's bound librdkafka call, arguments by position (see
+        :data:`~cdc_relay.publisher.ANY_PARTITION`); raises what librdkafka raises."""
 
     def in_flight(self) -> int: ...
 
@@ -358,7 +361,9 @@ class Session:
             on_delivery = partial(callback, topic, headers)
         while True:
             try:
-                self.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                self.produce(
+                    topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
+                )
                 txn.pending += 1
                 return
             except BufferError:
