@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import NamedTuple, NoReturn
+from typing import Final, NamedTuple, NoReturn
 
 import orjson
 
@@ -42,6 +42,9 @@ class OutboxRecord(NamedTuple):
     event_id: str
     traceparent: bytes | None = None  # also headers[3] when set
 
+
+# OutboxRecord's constructor is a Python function; tuple.__new__ builds the same object in C.
+_new: Final = tuple.__new__
 
 TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
@@ -165,7 +168,7 @@ class OutboxMapping:
                 )
         except IndexError:  # an optional column beyond the row: not a row of this relation
             raise MalformedEvent("the row has fewer columns than its relation", event_id) from None
-        return OutboxRecord(topic, key, payload, headers, event_id, traceparent)
+        return _new(OutboxRecord, (topic, key, payload, headers, event_id, traceparent))
 
     def _raise_malformed(self, row: TupleData) -> NoReturn:
         """Why ``row`` breaks the contract, as a MalformedEvent."""

@@ -91,6 +91,9 @@ _ROLLBACK_PREPARED: Final = struct.Struct(">BQQqqI")
 _MESSAGE_HEAD: Final = struct.Struct(">BQ")
 
 _TUPLE_NEW: Final = 0x4E  # 'N'
+# A NamedTuple's constructor is a Python function; tuple.__new__ builds the very same object in C
+# (~1,000 instructions less per message). Used for the messages of every transaction.
+_new: Final = tuple.__new__
 _TUPLE_KEY: Final = 0x4B  # 'K'
 _TUPLE_OLD: Final = 0x4F  # 'O'
 
@@ -212,14 +215,14 @@ def _expect_new_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
 
 def _decode_begin(buf: bytes, streamed: bool) -> Begin:
     try:
-        return Begin(*_BEGIN.unpack_from(buf, 1))
+        return _new(Begin, _BEGIN.unpack_from(buf, 1))
     except struct.error:
         return Begin(*_unpack(_BEGIN, buf, 1))
 
 
 def _decode_commit(buf: bytes, streamed: bool) -> Commit:
     try:
-        return Commit(*_COMMIT.unpack_from(buf, 1))
+        return _new(Commit, _COMMIT.unpack_from(buf, 1))
     except struct.error:
         return Commit(*_unpack(_COMMIT, buf, 1))
 
@@ -270,7 +273,7 @@ def _decode_insert(buf: bytes, streamed: bool) -> Insert:
     if marker != _TUPLE_NEW:
         raise _WireError(f"expected 'N' tuple marker, got {bytes([marker])!r}", pos - 1)
     new, _ = _read_tuple(buf, pos)
-    return Insert(relation_id, new, xid)
+    return _new(Insert, (relation_id, new, xid))
 
 
 def _decode_update(buf: bytes, streamed: bool) -> Update:
