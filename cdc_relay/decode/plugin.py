@@ -16,7 +16,7 @@ from cdc_relay.config import Plugin, Settings
 from cdc_relay.decode.messages import Message
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.decode.wal2json import Wal2JsonDecoder, plugin_options
-from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
+from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET, XLOG_DATA_START, XLOG_PAYLOAD
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
@@ -47,6 +47,7 @@ def decoder_for(settings: Settings) -> XLogDecoder:
     pgoutput = PgOutputDecoder().decode
 
     def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        return (pgoutput(data[XLOG_PAYLOAD]),)
+        # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
+        return (pgoutput(data.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
 
     return decode_pgoutput
