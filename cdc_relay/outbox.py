@@ -470,7 +470,7 @@ class MessageMapping:
             if not isinstance(extra, dict):
                 raise MalformedEvent("logical message headers must be a JSON object", event_id)
             entries = [
-                (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
+                (name, value.encode() if isinstance(value, str) else _dumps(value, event_id))
                 for name, value in extra.items()
             ]
             if b"\\u" in content:  # only an escape can put a NUL in a decoded name
@@ -485,7 +485,7 @@ class MessageMapping:
         return OutboxRecord(
             topic,
             fields["aggregate_id"].encode(),
-            orjson.dumps(event["payload"]),
+            _dumps(event["payload"], event_id),
             headers,
             fields["id"],
             traceparent_bytes or None,
@@ -493,3 +493,11 @@ class MessageMapping:
 
     def describe_row(self, content: bytes) -> bytes:
         return content
+
+
+def _dumps(value: object, event_id: str | None) -> bytes:
+    """JSON text of a value orjson parsed; it parses deeper nesting than it writes."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise MalformedEvent("logical message content is nested too deeply", event_id) from None
