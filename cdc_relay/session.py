@@ -331,8 +331,9 @@ class Session:
         position = b"%b%d" % (txn.position, txn.events)
         try:
             record = mapping.map(source)
-        except MalformedEvent as exc:
-            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id, position=position)
+        except MalformedEvent as malformed:  # one name per exception type: mypyc types names
+            event_id = malformed.event_id
+            self.refuse_unmapped(mapping, source, txn, str(malformed), event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
