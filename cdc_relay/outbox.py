@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import NamedTuple, NoReturn
+from typing import Final, NamedTuple, NoReturn
 
 import orjson
 
@@ -42,6 +42,9 @@ class OutboxRecord(NamedTuple):
     event_id: str
     traceparent: bytes | None = None  # also headers[3] when set
 
+
+# OutboxRecord's constructor is a Python function; tuple.__new__ builds the same object in C.
+_new: Final = tuple.__new__
 
 TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
@@ -166,7 +169,7 @@ class OutboxMapping:
                 )
         except IndexError:  # an optional column beyond the row: not a row of this relation
             raise MalformedEvent("the row has fewer columns than its relation", event_id) from None
-        return OutboxRecord(topic, key, payload, headers, event_id, traceparent)
+        return _new(OutboxRecord, (topic, key, payload, headers, event_id, traceparent))
 
     def _raise_malformed(self, row: TupleData) -> NoReturn:
         """Why ``row`` breaks the contract, as a MalformedEvent."""
@@ -439,14 +442,6 @@ class MessageMapping:
 
     def map(self, content: bytes) -> OutboxRecord:
         try:
-            return self._map(content)
-        except orjson.JSONEncodeError:
-            # orjson reads 1,024 levels deep but writes only 254: a payload or header value
-            # between the two parses and cannot be written back.
-            raise MalformedEvent("logical message content is nested too deeply") from None
-
-    def _map(self, content: bytes) -> OutboxRecord:
-        try:
             event = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise MalformedEvent("logical message content is not valid JSON") from None
@@ -476,7 +471,7 @@ class MessageMapping:
             if not isinstance(extra, dict):
                 raise MalformedEvent("logical message headers must be a JSON object", event_id)
             entries = [
-                (name, value.encode() if isinstance(value, str) else orjson.dumps(value))
+                (name, value.encode() if isinstance(value, str) else _dumps(value, event_id))
                 for name, value in extra.items()
             ]
             if b"\\u" in content:  # only an escape can put a NUL in a decoded name
@@ -491,7 +486,7 @@ class MessageMapping:
         return OutboxRecord(
             topic,
             fields["aggregate_id"].encode(),
-            orjson.dumps(event["payload"]),
+            _dumps(event["payload"], event_id),
             headers,
             fields["id"],
             traceparent_bytes or None,
@@ -499,3 +494,11 @@ class MessageMapping:
 
     def describe_row(self, content: bytes) -> bytes:
         return content
+
+
+def _dumps(value: object, event_id: str | None) -> bytes:
+    """JSON text of a value orjson parsed; it parses deeper nesting than it writes."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise MalformedEvent("logical message content is nested too deeply", event_id) from None

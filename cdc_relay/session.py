@@ -56,6 +56,8 @@ from cdc_relay.observability.tracing import Tracing
 from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
+    ANY_PARTITION,
+    NO_TIMESTAMP,
     DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
@@ -97,7 +99,8 @@ class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
 
     @property
     def produce_raw(self) -> Callable[..., None]:
-        """The hot path's bound librdkafka call; raises what librdkafka raises."""
+        """The hot path's bound librdkafka call, arguments by position (see
+        :data:`~cdc_relay.publisher.ANY_PARTITION`); raises what librdkafka raises."""
 
     def in_flight(self) -> int: ...
 
@@ -377,8 +380,9 @@ class Session:
         position = b"%b%d" % (txn.position, txn.events)
         try:
             record = mapping.map(source)
-        except MalformedEvent as exc:
-            self.refuse_unmapped(mapping, source, txn, str(exc), exc.event_id, position=position)
+        except MalformedEvent as malformed:  # one name per exception type: mypyc types names
+            event_id = malformed.event_id
+            self.refuse_unmapped(mapping, source, txn, str(malformed), event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
@@ -407,7 +411,9 @@ class Session:
             on_delivery = partial(callback, topic, headers)
         while True:
             try:
-                self.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                self.produce(
+                    topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
+                )
                 txn.pending += 1
                 return
             except BufferError:

@@ -28,6 +28,7 @@ class PendingTransaction:
         "pending",
         "position",
         "sealed",
+        "unobserved",
     )
 
     def __init__(self, commit_lsn: int, commit_time: float = 0.0, position: bytes = b"") -> None:
@@ -35,6 +36,7 @@ class PendingTransaction:
         self.commit_time = commit_time  # Unix seconds, for latency and lag
         self.end_lsn = 0
         self.pending = 0
+        self.unobserved = 0  # acknowledged events whose latency is not yet observed
         self.sealed = False
         self.position = position  # b"<slot>/<commit LSN hex>/": the events' position prefix
         self.events = 0  # events seen so far: the ordinal of the last one

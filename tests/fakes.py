@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc_relay.errors import RelayError
 from cdc_relay.lsn import parse_lsn
-from cdc_relay.publisher import refusal
+from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
 
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pgoutput"
 _XLOG_HEADER = struct.Struct(">cQQQ")
@@ -183,12 +183,16 @@ class FakeSink:
     def produce_raw(
         self,
         topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        *,
-        headers: list[tuple[str, bytes]],
+        value: bytes | None,
+        key: bytes | None,
+        partition: int,
         on_delivery: Callable[[Any, Any], None],
+        on_delivery_alias: None,
+        timestamp: int,
+        headers: list[tuple[str, bytes]],
     ) -> None:
+        """confluent-kafka's positional order (see :data:`cdc_relay.publisher.ANY_PARTITION`)."""
+        assert (partition, on_delivery_alias, timestamp) == (ANY_PARTITION, None, NO_TIMESTAMP)
         code = self.refuse_topics.get(topic)
         if code is not None:
             raise KafkaException(KafkaError(code, f"refused by the fake for {topic}"))
@@ -203,7 +207,9 @@ class FakeSink:
         on_delivery: Callable[[Any, Any], None],
     ) -> None:
         try:
-            self.produce_raw(topic, value, key, headers=headers, on_delivery=on_delivery)
+            self.produce_raw(
+                topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
+            )
         except KafkaException as exc:
             raise refusal(exc) from None
 

@@ -76,6 +76,7 @@ _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _I32: Final = struct.Struct(">i")
 _U64: Final = struct.Struct(">Q")
+_U8_U32: Final = struct.Struct(">BI")  # a tuple column's kind and length
 _U32_U8: Final = struct.Struct(">IB")  # Insert/Update/Delete head: relation id + tuple marker
 _U32_U32: Final = struct.Struct(">II")
 _U32_I32: Final = struct.Struct(">Ii")  # Relation column tail: type oid + type modifier
@@ -91,6 +92,9 @@ _ROLLBACK_PREPARED: Final = struct.Struct(">BQQqqI")
 _MESSAGE_HEAD: Final = struct.Struct(">BQ")
 
 _TUPLE_NEW: Final = 0x4E  # 'N'
+# A NamedTuple's constructor is a Python function; tuple.__new__ builds the very same object in C
+# (~1,000 instructions less per message). Used for the messages of every transaction.
+_new: Final = tuple.__new__
 _TUPLE_KEY: Final = 0x4B  # 'K'
 _TUPLE_OLD: Final = 0x4F  # 'O'
 
@@ -124,7 +128,8 @@ def _read_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
     The hot path of the whole relay (every column of every row), so it checks bounds once, at
     the end: lengths are read unsigned, so a bad one can only overshoot the buffer, and any
     overrun raises or ends past it. Malformed input is walked again by the careful reader, which
-    says exactly what is wrong and where.
+    says exactly what is wrong and where. One struct call reads a column's kind and length
+    together (a 'n' or 'u' column has no length: what follows it is read, and not used).
     """
     start_pos = pos
     try:
@@ -132,12 +137,16 @@ def _read_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
         pos += 2
         values: list[Value] = []
         append = values.append
-        unpack_length = _U32.unpack_from
+        unpack_head = _U8_U32.unpack_from
         for _ in range(ncols):
-            kind = buf[pos]
-            if kind in {0x74, 0x62}:  # 't' text, 'b' binary: Int32 length, then the bytes
+            try:
+                kind, length = unpack_head(buf, pos)
+            except struct.error:  # fewer than 5 bytes left: only a last 'n' or 'u' fits
+                kind, length = buf[pos], 0
+            # 't' text, 'b' binary: the bytes. Two compares cost less than a set lookup here.
+            if kind == 0x74 or kind == 0x62:  # noqa: PLR1714
                 start = pos + 5
-                pos = start + unpack_length(buf, pos + 1)[0]
+                pos = start + length
                 append(buf[start:pos])
             elif kind == 0x6E:  # 'n' NULL
                 append(None)
@@ -212,14 +221,14 @@ def _expect_new_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
 
 def _decode_begin(buf: bytes, streamed: bool) -> Begin:
     try:
-        return Begin(*_BEGIN.unpack_from(buf, 1))
+        return _new(Begin, _BEGIN.unpack_from(buf, 1))
     except struct.error:
         return Begin(*_unpack(_BEGIN, buf, 1))
 
 
 def _decode_commit(buf: bytes, streamed: bool) -> Commit:
     try:
-        return Commit(*_COMMIT.unpack_from(buf, 1))
+        return _new(Commit, _COMMIT.unpack_from(buf, 1))
     except struct.error:
         return Commit(*_unpack(_COMMIT, buf, 1))
 
@@ -270,7 +279,7 @@ def _decode_insert(buf: bytes, streamed: bool) -> Insert:
     if marker != _TUPLE_NEW:
         raise _WireError(f"expected 'N' tuple marker, got {bytes([marker])!r}", pos - 1)
     new, _ = _read_tuple(buf, pos)
-    return Insert(relation_id, new, xid)
+    return _new(Insert, (relation_id, new, xid))
 
 
 def _decode_update(buf: bytes, streamed: bool) -> Update:

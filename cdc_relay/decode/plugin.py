@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
+from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET, XLOG_DATA_START, XLOG_PAYLOAD
 
 if TYPE_CHECKING:
     from cdc_relay.decode.messages import Message
@@ -56,6 +56,7 @@ def decoder_for(settings: Settings) -> XLogDecoder:
     pgoutput = PgOutputDecoder().decode
 
     def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        return (pgoutput(data[XLOG_PAYLOAD]),)
+        # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
+        return (pgoutput(data.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
 
     return decode_pgoutput

@@ -35,12 +35,13 @@ class LatencyHistogram:
         self.min = float("inf")
         self.max = float("-inf")
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, count: int = 1) -> None:
+        """``count`` observations of ``value`` (the events a transaction's acknowledgement ends)."""
         # bisect_left: a value equal to a boundary falls in that boundary's bucket (le semantics).
-        self.counts[bisect.bisect_left(self.boundaries, value)] += 1
-        self.count += 1
-        self.sum += value
-        # Comparisons rather than min()/max(): this runs for every acknowledged record.
+        self.counts[bisect.bisect_left(self.boundaries, value)] += count
+        self.count += count
+        self.sum += value * count
+        # Comparisons rather than min()/max(): this runs for every acknowledged transaction.
         if value < self.min:  # noqa: PLR1730
             self.min = value
         if value > self.max:  # noqa: PLR1730
