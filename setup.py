@@ -1,6 +1,6 @@
 """Build hook for the optional compiled hot path; everything else is in pyproject.toml.
 
-``CDC_RELAY_COMPILE=1`` compiles the per-event modules (decoder, mapping, session loop,
+``CDC_RELAY_COMPILE=1`` compiles the per-event modules (decoder, mappings, session loop,
 watermark) with mypyc, from the very sources that run as pure Python. It needs mypy and a C
 compiler, so build without isolation from an environment that has mypy (the ``dev`` extra):
 
@@ -14,18 +14,26 @@ edited source win over an older extension module.)
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from setuptools import setup
 
-HOT_PATH = [
-    "cdc_relay/decode/pgoutput.py",
-    "cdc_relay/outbox.py",
-    "cdc_relay/session.py",
-    "cdc_relay/watermark.py",
-]
+
+def hot_path_sources() -> list[str]:
+    """The compiled modules' sources. ``cdc_relay/_hot_path.py`` owns the list (it also decides,
+    at import, whether their build or the sources run); it is read, not imported: importing the
+    package needs its dependencies, which a build environment may lack."""
+    tree = ast.parse(Path(__file__).parent.joinpath("cdc_relay", "_hot_path.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "HOT_PATH" for target in node.targets
+        ):
+            return [f"{name.replace('.', '/')}.py" for name in ast.literal_eval(node.value)]
+    raise SystemExit("cdc_relay/_hot_path.py has no HOT_PATH")
 
 
 def compiled_modules() -> list[Any]:
@@ -39,7 +47,7 @@ def compiled_modules() -> list[Any]:
 
     # The runtime library they share inside the package (cdc_relay/hot_path__mypyc...), not at
     # the top level, where a relay started from an editable checkout would not find it.
-    return list(mypycify(HOT_PATH, opt_level="3", group_name="cdc_relay.hot_path"))
+    return list(mypycify(hot_path_sources(), opt_level="3", group_name="cdc_relay.hot_path"))
 
 
 setup(ext_modules=compiled_modules())
