@@ -67,6 +67,7 @@ from cdc_relay.publisher import (
 from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
+    KEEPALIVE_SIZE,
     KEEPALIVE_WAL_END,
     PRIMARY_KEEPALIVE,
     XLOG_DATA,
@@ -285,6 +286,8 @@ class Session:
                     counter = 0
                     self.housekeeping()
             elif kind == PRIMARY_KEEPALIVE:
+                if len(data) < KEEPALIVE_SIZE:  # else a short one reads a wrong wal_end
+                    raise ProtocolError("truncated replication message 'k'")
                 wal_end = int.from_bytes(data[KEEPALIVE_WAL_END], "big")
                 confirmer.received = max(confirmer.received, wal_end)
                 stats.server_wal_end = max(stats.server_wal_end, wal_end)

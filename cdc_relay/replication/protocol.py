@@ -33,7 +33,7 @@ XLOG_PAYLOAD: Final = slice(XLOG_DATA_PAYLOAD_OFFSET, None)
 KEEPALIVE_WAL_END: Final = slice(1, 9)
 KEEPALIVE_SEND_TIME: Final = slice(9, 17)
 KEEPALIVE_REPLY_REQUESTED: Final = 17
-_KEEPALIVE_SIZE = KEEPALIVE_REPLY_REQUESTED + 1
+KEEPALIVE_SIZE: Final = KEEPALIVE_REPLY_REQUESTED + 1
 _STATUS_UPDATE = struct.Struct(">cQQQqB")
 
 
@@ -72,7 +72,7 @@ def parse_copy_data(buf: memoryview | bytes) -> XLogData | PrimaryKeepalive:
             view[XLOG_PAYLOAD],
         )
     if kind == PRIMARY_KEEPALIVE:
-        if len(view) < _KEEPALIVE_SIZE:
+        if len(view) < KEEPALIVE_SIZE:
             raise ProtocolError("truncated replication message 'k'")
         return PrimaryKeepalive(
             int.from_bytes(view[KEEPALIVE_WAL_END], "big"),

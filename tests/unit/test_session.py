@@ -15,7 +15,13 @@ from confluent_kafka import KafkaError
 from cdc_relay.config import Settings, load_settings
 from cdc_relay.decode import decoder_for
 from cdc_relay.decode.messages import Commit, Insert
-from cdc_relay.errors import LeadershipLost, PoisonRecordError, SinkUnavailable, StopSession
+from cdc_relay.errors import (
+    LeadershipLost,
+    PoisonRecordError,
+    ProtocolError,
+    SinkUnavailable,
+    StopSession,
+)
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
@@ -223,6 +229,14 @@ def test_an_idle_outbox_follows_the_servers_wal_end() -> None:
     harness.run()
     assert harness.store.saved[-1] == wal_end
     assert harness.source.statuses[-1] == (wal_end, wal_end)
+
+
+@pytest.mark.parametrize("size", [1, 9, 17])
+def test_a_truncated_keepalive_is_a_protocol_error_not_a_wrong_position(size: int) -> None:
+    harness = Harness([keepalive_frame(0x5000000)[:size]])
+    with pytest.raises(ProtocolError, match="truncated replication message 'k'"):
+        harness.session.stream()
+    assert harness.store.saved == []
 
 
 def test_an_open_transaction_holds_the_idle_advance() -> None:
