@@ -73,6 +73,7 @@ Connection = psycopg.Connection[tuple[object, ...]]
 READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 STANDBY_LOG_INTERVAL = 60.0  # a standby says so at start and this often
+STANDBY_FIRST_LOG = 1.0  # "at start": once it has been a standby this long
 SLOT_RELEASE_POLL = 0.05
 CHECKED_FRESH = 5.0  # seconds the start-up check stands for the first session's
 
@@ -258,7 +259,9 @@ class Relay:
     def _await_leadership(self) -> bool:
         """Wait as a standby until leading (True) or stopped (False); alive all along."""
         leadership = self.leadership
-        next_log = 0.0
+        # Not at once: the leadership thread's first try for the lock is still under way, and a
+        # relay about to lead would say "standby" at every start.
+        next_log = time.monotonic() + STANDBY_FIRST_LOG
         while not self.stopping:
             now = time.monotonic()
             self.stats.last_loop = now

@@ -269,6 +269,7 @@ def test_one_relay_leads_the_other_stands_by(
     assert _metric(ports[0], "cdc_relay_role") == 1
     assert _metric(ports[1], "cdc_relay_role") == 0
     assert "cdc_relay.relay: streaming" not in second.logs()
+    assert "standby" not in first.logs(), "a relay that leads at once never says standby"
     assert _leader_pid(database, f"slot_{unique}") == first.pid
     assert first.stop() == 0
     assert second.stop() == 0
