@@ -39,6 +39,7 @@ from bench import peer as peer_module
 from bench.harness import (
     PAD,
     PUBLICATION,
+    REPO,
     SLOT,
     TOPIC,
     TOPIC_PARTITIONS,
@@ -155,14 +156,17 @@ def time_relay(
     inside_last: int,
     plugin: str,
     relay_settings: dict[str, str] | None = None,
+    tree: Path = REPO,
 ) -> dict[str, Any]:
-    """Start the relay on ``slot``; time it until the slot is confirmed past ``inside_last``."""
+    """Start the relay (from ``tree``) on ``slot``; time it until the slot is confirmed past
+    ``inside_last``."""
     relay = RelayChild(
         url,
         bootstrap,
         plugin,
         slot=slot,
-        **{
+        tree=tree,
+        settings={
             "confirm_interval": "0.05",  # timing resolution, not a tuning
             **(relay_settings or {}),
         },
@@ -299,6 +303,19 @@ def time_peer(
     }
 
 
+def baseline_label(tree: Path) -> str:
+    """``cdc-relay <commit>`` for a checkout (its short commit, ``+`` when it has changes)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or tree.name
+    changed = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return f"cdc-relay {commit}{changed}"
+
+
 def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
     """One program's run as reported: rates, CPU per row, start-up."""
     seconds = float(measured["seconds"])
@@ -379,16 +396,24 @@ def catchup_scenario(
     relay_settings: dict[str, str] | None = None,
     rounds: int = 1,
     peer: PeerRuntime | str | None = None,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     """One catch-up scenario in a fresh database: ``rounds`` interleaved runs of every program.
 
     ``peer``: mq-bridge's runtime to run it too, the reason it is skipped, or None (not part of
-    this scenario).
+    this scenario). ``baseline``: another checkout of the relay (an older commit) run as one more
+    program, so a change's before and after come from the same run.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     peer_names = [f"{peer_module.NAME} {variant}" for variant in peer_module.VARIANTS]
-    programs = [RECVLOGICAL, RELAY, *(peer_names if isinstance(peer, PeerRuntime) else [])]
+    baseline_name = baseline_label(baseline) if baseline is not None else None
+    programs = [
+        RECVLOGICAL,
+        RELAY,
+        *([baseline_name] if baseline_name else []),
+        *(peer_names if isinstance(peer, PeerRuntime) else []),
+    ]
     measured: dict[str, list[dict[str, Any]]] = {program: [] for program in programs}
     throughputs: dict[str, list[dict[str, list[Any]]]] = {program: [] for program in programs}
     settings: dict[str, Any] = {}
@@ -405,11 +430,13 @@ def catchup_scenario(
             if program == RECVLOGICAL:
                 return time_recvlogical(url, slot, end, plugin)
             with LocalBroker() as broker:
-                if program == RELAY:
+                if program in (RELAY, baseline_name):
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+                    tree = REPO if program == RELAY or baseline is None else baseline
                     return time_relay(
                         url, broker.bootstrap_servers, slot=slot, rows=rows,
                         inside_last=inside_last, plugin=plugin, relay_settings=relay_settings,
+                        tree=tree,
                     )  # fmt: skip
                 assert isinstance(peer, PeerRuntime)
                 broker.create_topic(PEER_TOPIC, partitions=TOPIC_PARTITIONS)
@@ -427,7 +454,7 @@ def catchup_scenario(
                 try:
                     measurement = run_one(program, slot)
                 except Exception as exc:
-                    if program in (RECVLOGICAL, RELAY):
+                    if program in (RECVLOGICAL, RELAY, baseline_name):
                         raise
                     failed[program] = f"{type(exc).__name__}: {exc}"[:2000]
                     continue
@@ -465,6 +492,11 @@ def catchup_scenario(
         "throughput": throughputs[RELAY][_median_index(relay_runs)],
         "per_round": {program: runs for program, runs in measured.items()},
     }
+    if baseline_name is not None:
+        runs = measured[baseline_name]
+        result["baselines"] = {
+            baseline_name: _median(runs) | _ratios(base, runs) | {"tree": str(baseline)}
+        }
     if peer is not None:
         peers: dict[str, Any] = {}
         for program in peer_names:

@@ -13,6 +13,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -357,11 +358,20 @@ class RelayChild(RelayProcess):
     """``python -m cdc_relay`` on the bench slot, with its HTTP port, log file and /proc probes."""
 
     def __init__(
-        self, url: str, bootstrap: str, plugin: str, *, slot: str = SLOT, **settings: str
+        self,
+        url: str,
+        bootstrap: str,
+        plugin: str,
+        *,
+        slot: str = SLOT,
+        tree: Path = REPO,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
+        """``settings``: relay settings by name (``sweep_interval``); ``tree``: the checkout whose
+        ``cdc_relay`` runs (another one: ``--baseline``)."""
         # Bytecode compiled beforehand, as installing a wheel does: a checkout run with
         # PYTHONDONTWRITEBYTECODE would otherwise compile every module at each start (~0.1 s).
-        compileall.compile_dir(REPO / "cdc_relay", quiet=1)
+        compileall.compile_dir(tree / "cdc_relay", quiet=1)
         self.port = free_port()
         inherited = {
             k: v for k, v in os.environ.items() if not k.startswith(("CDC_RELAY_", "OTEL_"))
@@ -369,7 +379,7 @@ class RelayChild(RelayProcess):
         env = {
             **inherited,
             # The bench may run from a checkout that is not installed; the child runs elsewhere.
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
             "CDC_RELAY_DATABASE_URL": url,
             "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
             "CDC_RELAY_SLOT_NAME": slot,
@@ -377,7 +387,7 @@ class RelayChild(RelayProcess):
             "CDC_RELAY_PLUGIN": plugin,
             "CDC_RELAY_HTTP_PORT": str(self.port),
             "CDC_RELAY_LOG_LEVEL": "WARNING",
-            **{f"CDC_RELAY_{key.upper()}": value for key, value in settings.items()},
+            **{f"CDC_RELAY_{key.upper()}": value for key, value in (settings or {}).items()},
         }
         self.settings = {k: v for k, v in env.items() if k.startswith("CDC_RELAY_")}
         self.settings["CDC_RELAY_DATABASE_URL"] = "(bench database)"

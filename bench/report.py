@@ -219,7 +219,8 @@ def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
         notes: list[str] = []
         if relay.get("on_broker", result["rows"]) > result["rows"]:
             notes.append(f"  cdc-relay: {relay['on_broker'] - result['rows']:,} duplicates")
-        for name, peer in result.get("peers", {}).items():
+        others = {**result.get("baselines", {}), **result.get("peers", {})}
+        for name, peer in others.items():
             if "seconds" in peer:
                 if peer["on_broker"] > result["rows"]:
                     notes.append(f"  {name}: {peer['on_broker'] - result['rows']:,} duplicates")

@@ -95,6 +95,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"leave {peer_module.NAME} out of catchup_10_per_txn (default: in it when it can run)",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="catch-up: also run the relay from another checkout (e.g. `git worktree add "
+        "/tmp/base <commit>`), interleaved, so a change's before and after share one run",
+    )
+    parser.add_argument(
         "--relay-setting",
         action="append",
         default=[],
@@ -112,6 +119,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.relay_setting = settings
     if args.rounds < 1:
         parser.error("--rounds takes a positive integer")
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "cdc_relay" / "__main__.py").is_file():
+            parser.error(f"--baseline {args.baseline}: not a checkout of cdc-relay")
     if args.only:
         unknown = set(args.only.split(",")) - set(SCENARIOS)
         if unknown:
@@ -137,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     plugin: str = args.plugin
     extra: dict[str, str] = args.relay_setting
     rounds: int = args.rounds
+    baseline: Path | None = args.baseline
     started = time.perf_counter()
     started_at = datetime.datetime.now(datetime.UTC)
     peer: peer_module.PeerRuntime | str | None = None
@@ -157,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             relay_settings=extra,
             rounds=rounds,
             peer=peer,
+            baseline=baseline,
         ),
         "catchup_1000_per_txn": lambda s: catchup_scenario(
             s,
@@ -166,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             plugin,
             relay_settings=extra,
             rounds=rounds,
+            baseline=baseline,
         ),
         "catchup_single_txn": lambda s: catchup_scenario(
             s,
@@ -175,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
             plugin,
             relay_settings=extra,
             rounds=rounds,
+            baseline=baseline,
         ),
         "steady_low": lambda s: steady_scenario(
             s,

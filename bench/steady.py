@@ -247,7 +247,7 @@ def steady_scenario(
             try:
                 consumer.wait_for("ready", 30)
                 with RelayChild(
-                    url, broker.bootstrap_servers, plugin, **(relay_settings or {})
+                    url, broker.bootstrap_servers, plugin, settings=relay_settings
                 ) as relay:
                     streaming_after = relay.wait_streaming()
                     startup_cpu = relay.cpu_seconds()

@@ -4,14 +4,16 @@ and how its rows are reported next to ``pg_recvlogical`` and the relay."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import peer
-from bench.catchup import _median, _ratios
+from bench.catchup import _median, _ratios, baseline_label
 from bench.report import programs_table
+from bench.run import _parse_args
 
 
 def _script(path: Path, body: str) -> Path:
@@ -161,3 +163,24 @@ def test_the_programs_table_reports_a_peer_that_ran_and_its_duplicates() -> None
     assert row.split()[len(name.split()) :] == cells
     assert f"{name}: 3 duplicates" in text
     assert "pg_recvlogical (to /dev/null)" in text
+
+
+def test_a_baseline_checkout_is_a_row_of_its_own_named_by_its_commit(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    label = baseline_label(repo)
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert label.removesuffix("+") == f"cdc-relay {commit}"
+    scenario = _scenario({})
+    ran = _program(1.6, startup_s=0.5, rows_per_s_after_startup=909, on_broker=1000, published=1000)
+    scenario["catchup_10_per_txn"]["baselines"] = {
+        label: ran | {"ratio": 0.62, "ratio_after_startup": 0.9}
+    }
+    (text,) = programs_table(scenario)
+    row = next(line for line in text.splitlines() if line.startswith(label))
+    assert row.split()[len(label.split()) : len(label.split()) + 2] == ["625", "0.62"]
+    with pytest.raises(SystemExit):
+        _parse_args(["--baseline", str(tmp_path)])  # not a checkout of cdc-relay
+    assert _parse_args(["--baseline", str(repo)]).baseline == repo
