@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +314,8 @@ def baseline_label(tree: Path) -> str:
 
     commit = git("rev-parse", "--short", "HEAD") or tree.name
     changed = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return f"cdc-relay {commit}{changed}"
+    compiled = " compiled" if any((tree / "cdc_relay").rglob("*.so")) else ""
+    return f"cdc-relay {commit}{changed}{compiled}"
 
 
 def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
@@ -396,22 +398,24 @@ def catchup_scenario(
     relay_settings: dict[str, str] | None = None,
     rounds: int = 1,
     peer: PeerRuntime | str | None = None,
-    baseline: Path | None = None,
+    baselines: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """One catch-up scenario in a fresh database: ``rounds`` interleaved runs of every program.
 
     ``peer``: mq-bridge's runtime to run it too, the reason it is skipped, or None (not part of
-    this scenario). ``baseline``: another checkout of the relay (an older commit) run as one more
-    program, so a change's before and after come from the same run.
+    this scenario). ``baselines``: other checkouts of the relay (an older commit, a compiled build),
+    each run as one more program, so a change's before and after come from the same run.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     peer_names = [f"{peer_module.NAME} {variant}" for variant in peer_module.VARIANTS]
-    baseline_name = baseline_label(baseline) if baseline is not None else None
+    trees = {baseline_label(tree): tree for tree in baselines}
+    if len(trees) != len(baselines):
+        raise ValueError("two baselines with the same commit and build")
     programs = [
         RECVLOGICAL,
         RELAY,
-        *([baseline_name] if baseline_name else []),
+        *trees,
         *(peer_names if isinstance(peer, PeerRuntime) else []),
     ]
     measured: dict[str, list[dict[str, Any]]] = {program: [] for program in programs}
@@ -430,9 +434,9 @@ def catchup_scenario(
             if program == RECVLOGICAL:
                 return time_recvlogical(url, slot, end, plugin)
             with LocalBroker() as broker:
-                if program in (RELAY, baseline_name):
+                if program == RELAY or program in trees:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
-                    tree = REPO if program == RELAY or baseline is None else baseline
+                    tree = trees.get(program, REPO)
                     return time_relay(
                         url, broker.bootstrap_servers, slot=slot, rows=rows,
                         inside_last=inside_last, plugin=plugin, relay_settings=relay_settings,
@@ -454,7 +458,7 @@ def catchup_scenario(
                 try:
                     measurement = run_one(program, slot)
                 except Exception as exc:
-                    if program in (RECVLOGICAL, RELAY, baseline_name):
+                    if program in (RECVLOGICAL, RELAY) or program in trees:
                         raise
                     failed[program] = f"{type(exc).__name__}: {exc}"[:2000]
                     continue
@@ -492,10 +496,10 @@ def catchup_scenario(
         "throughput": throughputs[RELAY][_median_index(relay_runs)],
         "per_round": {program: runs for program, runs in measured.items()},
     }
-    if baseline_name is not None:
-        runs = measured[baseline_name]
+    if trees:
         result["baselines"] = {
-            baseline_name: _median(runs) | _ratios(base, runs) | {"tree": str(baseline)}
+            name: _median(measured[name]) | _ratios(base, measured[name]) | {"tree": str(tree)}
+            for name, tree in trees.items()
         }
     if peer is not None:
         peers: dict[str, Any] = {}

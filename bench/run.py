@@ -97,6 +97,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--baseline",
         type=Path,
+        action="append",
+        default=[],
         metavar="CHECKOUT",
         help="catch-up: also run the relay from another checkout (e.g. `git worktree add "
         "/tmp/base <commit>`), interleaved, so a change's before and after share one run",
@@ -119,10 +121,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.relay_setting = settings
     if args.rounds < 1:
         parser.error("--rounds takes a positive integer")
-    if args.baseline is not None:
-        args.baseline = args.baseline.resolve()
-        if not (args.baseline / "cdc_relay" / "__main__.py").is_file():
-            parser.error(f"--baseline {args.baseline}: not a checkout of cdc-relay")
+    args.baseline = [tree.resolve() for tree in args.baseline]
+    for tree in args.baseline:
+        if not (tree / "cdc_relay" / "__main__.py").is_file():
+            parser.error(f"--baseline {tree}: not a checkout of cdc-relay")
     if args.only:
         unknown = set(args.only.split(",")) - set(SCENARIOS)
         if unknown:
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     plugin: str = args.plugin
     extra: dict[str, str] = args.relay_setting
     rounds: int = args.rounds
-    baseline: Path | None = args.baseline
+    baselines: list[Path] = args.baseline
     started = time.perf_counter()
     started_at = datetime.datetime.now(datetime.UTC)
     peer: peer_module.PeerRuntime | str | None = None
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             relay_settings=extra,
             rounds=rounds,
             peer=peer,
-            baseline=baseline,
+            baselines=baselines,
         ),
         "catchup_1000_per_txn": lambda s: catchup_scenario(
             s,
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             plugin,
             relay_settings=extra,
             rounds=rounds,
-            baseline=baseline,
+            baselines=baselines,
         ),
         "catchup_single_txn": lambda s: catchup_scenario(
             s,
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             plugin,
             relay_settings=extra,
             rounds=rounds,
-            baseline=baseline,
+            baselines=baselines,
         ),
         "steady_low": lambda s: steady_scenario(
             s,

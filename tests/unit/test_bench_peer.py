@@ -183,4 +183,4 @@ def test_a_baseline_checkout_is_a_row_of_its_own_named_by_its_commit(tmp_path: P
     assert row.split()[len(label.split()) : len(label.split()) + 2] == ["625", "0.62"]
     with pytest.raises(SystemExit):
         _parse_args(["--baseline", str(tmp_path)])  # not a checkout of cdc-relay
-    assert _parse_args(["--baseline", str(repo)]).baseline == repo
+    assert _parse_args(["--baseline", str(repo)]).baseline == [repo]
