@@ -25,7 +25,6 @@ from types import ModuleType
 HOT_PATH = (
     "cdc_relay.decode.pgoutput",
     "cdc_relay.outbox",
-    "cdc_relay.shaped_mapping",  # subclasses outbox's mapping: compiled with it, or not at all
     "cdc_relay.session",
     "cdc_relay.watermark",
 )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Final, NamedTuple, NoReturn
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from cdc_relay.config import OutboxColumns
 from cdc_relay.decode.messages import Relation, TupleData, UnchangedToast
@@ -58,6 +59,7 @@ class MalformedEvent(ValueError):
         self.event_id = event_id
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping stays interpreted (below)
 class OutboxMapping:
     """The column positions of one outbox relation, resolved once per Relation message."""
 
