@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from tests.conftest import KafkaBroker
+from tests.integration.framework_support import framework_columns
 from tests.integration.relay_support import RelayProcess, relay_env
 from tests.kafka_helpers import Record, consume_all
 
@@ -56,8 +57,6 @@ CREATE TABLE message_outbox (
     UNIQUE (message_id, target_broker)
 );
 """
-
-STREAM = r"([^:]+)::([^-]+)-(.*)"
 
 
 def _debezium_columns(**options: Any) -> dict[str, Any]:
@@ -177,17 +176,9 @@ def test_framework_outbox_topic_per_category_and_envelope(
 ) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(FRAMEWORK_DDL.encode())
-    columns = {
-        "id": "message_id",  # the event id for the `id` header
-        "aggregate_type": None,
-        "aggregate_id": None,
-        "event_type": "type",
-        "payload": "data",
-        "headers": None,
-        "topic_from": {"column": "stream_name", "regex": STREAM, "replacement": f"{unique}.$2"},
-        "key_from": {"column": "stream_name", "regex": STREAM, "replacement": "$3"},
-        "value": "envelope",
-        "additional_placement": [
+    columns = framework_columns(
+        unique,
+        [
             "correlation_id:header",
             "causation_id:header",
             "type:envelope",
@@ -195,7 +186,7 @@ def test_framework_outbox_topic_per_category_and_envelope(
             "metadata_:envelope:metadata",
             "created_at:envelope:occurred_at",
         ],
-    }
+    )
     env = relay_env(
         database,
         broker.bootstrap_servers,

@@ -16,6 +16,7 @@ from cdc_relay.config import Settings, load_settings
 from cdc_relay.row_filter import parse, parse_deparsed
 from cdc_relay.sweeper import Sweeper
 from tests.conftest import KafkaBroker
+from tests.integration.framework_support import framework_columns
 from tests.integration.relay_support import RelayProcess, relay_env, scalar
 from tests.kafka_helpers import consume_all, consume_with_grace
 
@@ -46,27 +47,6 @@ COLUMNS = {
     "payload": "data",
     "headers": None,
 }
-# The framework's mapping as a user would write it (README "Configuration examples"): topic per
-# category and the bare aggregate id as key, both from stream_name ("shop::order-<id>"), the
-# event id as the id header, an envelope with the event's type and stream.
-STREAM = r"([^:]+)::([^-]+)-(.*)"
-
-
-def _framework_columns(unique: str) -> dict[str, Any]:
-    return {
-        "id": "message_id",
-        "aggregate_type": None,
-        "aggregate_id": None,
-        "event_type": "type",
-        "payload": "data",
-        "headers": None,
-        "topic_from": {"column": "stream_name", "regex": STREAM, "replacement": f"{unique}.$2"},
-        "key_from": {"column": "stream_name", "regex": STREAM, "replacement": "$3"},
-        "value": "envelope",
-        "additional_placement": ["correlation_id:header", "stream_name:envelope:stream"],
-    }
-
-
 DESTINATIONS = ("kafka", "rabbit")
 CATEGORIES = ("order", "payment")
 RELAY = {"confirm_interval": "0.2", "idle_confirm_interval": "0.3", "topic_partitions": "1"}
@@ -134,7 +114,8 @@ def test_one_row_per_event_is_relayed_and_only_relayed_rows_are_swept(
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(FRAMEWORK_DDL.encode())
     env = _env(database, broker, unique)
-    env["CDC_RELAY_OUTBOX_COLUMNS"] = orjson.dumps(_framework_columns(unique)).decode()
+    columns = framework_columns(unique, ["correlation_id:header", "stream_name:envelope:stream"])
+    env["CDC_RELAY_OUTBOX_COLUMNS"] = orjson.dumps(columns).decode()
     topics = [f"{unique}.{category}" for category in CATEGORIES]
     for topic in topics:
         broker.create_topic(topic, partitions=1)
