@@ -34,6 +34,10 @@ MAX_CONNECTIONS = 64  # open HTTP sockets at most, whatever clients do
 REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request line and headers
 WRITE_TIMEOUT = 5.0  # seconds a client has to take the answer
 MAX_REQUEST_BYTES = 8192
+# The kernel's queue of connections not yet accepted. During a flood of connections a full queue
+# drops a new client's SYN, and that client (a liveness probe) retries only after a second; a deep
+# queue keeps it waiting its turn instead, which the accept loop reaches within milliseconds.
+LISTEN_BACKLOG = 1024
 WORKERS = 4
 _TICK = 0.25  # how often deadlines are checked
 _ACCEPT_PAUSE = 0.5  # after the process ran out of file descriptors
@@ -71,7 +75,7 @@ class HealthServer:
             family, _, _, _, address = socket.getaddrinfo(
                 host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0]
-            self._listener = socket.create_server(address, family=family, backlog=128)
+            self._listener = socket.create_server(address, family=family, backlog=LISTEN_BACKLOG)
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve health and metrics on {host} port {port}: "
