@@ -216,3 +216,19 @@ def test_replay_callgrind_smoke() -> None:
     every_thread = int(result["callgrind_instructions_per_event"])
     main_thread = int(result["callgrind_main_instructions_per_event"])
     assert 1000 < main_thread < every_thread
+
+
+def test_floor_smoke() -> None:
+    """``python -m bench.floor``: the imports timed, the bare producer and the relay both acked."""
+    command = [sys.executable, "-m", "bench.floor", "--events", "2000", "--repeat", "1"]
+    completed = subprocess.run(
+        [*command, "--launches", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    print(completed.stdout)
+    result = {k: float(v) for k, v in (line.split() for line in completed.stdout.splitlines())}
+    assert 0 < result["launch_s_python"] < result["launch_s_psycopg_and_pydantic_settings"]
+    for part in ("main", "process"):
+        bare = result[f"{part}_us_per_event_bare_producer"]
+        assert 0 < bare < result[f"{part}_us_per_event_relay"]
