@@ -8,10 +8,13 @@ Why not just stop forwarding in user space: the proxy's kernel would still ackno
 client sends and answer its TCP keepalive probes, so the client would see a *hung server*, never a
 *dead network* — TCP keepalives and ``tcp_user_timeout``, the defences against a partition, could
 never fire. So the proxy's listening side lives in a network namespace of its own, reached over a
-veth pair, and a cut takes the namespace's end of the pair down: the host's end still has its
-route and its carrier-less link, so the client's packets are dropped silently (no reset, no
-"unreachable"), exactly what a partition does. The proxy's connections to the server stay in the
-host's namespace and are never cut: the server sees clients that went quiet.
+veth pair, and a cut removes the proxy's address inside the namespace: the client's packets still
+leave its host as if all were well, and arrive nowhere (the namespace neither owns the address
+nor can answer, not even with an ICMP error), exactly what a partition does; nothing in the
+client's kernel knows. (Taking a link down instead is not the same: the client's kernel then sees
+its own transmissions fail and retries every half second, not with TCP's backoff, so it comes back
+at once after the heal — which no real partition does.) The proxy's connections to the server
+stay in the host's namespace and are never cut: the server sees clients that went quiet.
 
 What was sent during a cut is delivered after :meth:`heal` as long as the TCP connection lived:
 the proxy holds nothing back, TCP retransmits what was lost, as it does when a real partition
@@ -89,6 +92,7 @@ class TcpProxy:
         self._netns = f"cdcr-part-{tag}"
         self._host_end = f"cdcrh{tag}"
         self._ns_end = f"cdcrn{tag}"
+        self._inside = ("netns", "exec", self._netns, "ip")  # ip run inside the namespace
         # A /30 of 10.128.0.0/9 picked at random: tests running at the same time do not meet.
         net = secrets.randbelow(1 << 21) << 2
         self._host_ip = socket.inet_ntoa((0x0A800000 | net | 1).to_bytes(4, "big"))
@@ -113,11 +117,11 @@ class TcpProxy:
 
     def cut(self) -> None:
         """From now on every packet between the clients and the proxy is dropped."""
-        _ip("netns", "exec", self._netns, "ip", "link", "set", self._ns_end, "down")
+        _ip(*self._inside, "addr", "del", f"{self.host}/30", "dev", self._ns_end)
 
     def heal(self) -> None:
         """Packets pass again; TCP retransmits what the cut dropped."""
-        _ip("netns", "exec", self._netns, "ip", "link", "set", self._ns_end, "up")
+        _ip(*self._inside, "addr", "add", f"{self.host}/30", "dev", self._ns_end)
 
     def drop_connections(self) -> None:
         """End every forwarded connection (both sockets of each); new ones are still accepted."""
@@ -158,9 +162,8 @@ class TcpProxy:
         _ip("link", "set", self._ns_end, "netns", self._netns)
         _ip("addr", "add", f"{self._host_ip}/30", "dev", self._host_end)
         _ip("link", "set", self._host_end, "up")
-        inside = ("netns", "exec", self._netns, "ip")
-        _ip(*inside, "addr", "add", f"{self.host}/30", "dev", self._ns_end)
-        _ip(*inside, "link", "set", self._ns_end, "up")
+        _ip(*self._inside, "addr", "add", f"{self.host}/30", "dev", self._ns_end)
+        _ip(*self._inside, "link", "set", self._ns_end, "up")
 
     def _remove_namespace(self) -> None:
         if self._made:
