@@ -21,6 +21,13 @@ confirm the slot either. It also notices by itself: :attr:`Leadership.leading` t
 last renewal is older than the lease (by the local monotonic clock, which runs on while a process
 is stopped), before any database answers. It then purges its producer and becomes a standby.
 
+Cut off by a network partition, a leader learns it from its own connections: each has TCP
+keepalives and a ``tcp_user_timeout`` of half the lease (:mod:`cdc_relay.connection_defaults`), so
+the renewal fails well within the lease and the leader steps down. A renewal that fails while its
+connection stands (e.g. its ``statement_timeout``, a quarter of the lease, behind a lock on the
+lease row) does not: the lock and the lease are still this relay's, so it retries while the lease
+lasts, and a failover would be needless churn.
+
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
 record nor the slot can be moved by the one that lost.

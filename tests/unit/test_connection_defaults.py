@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc_relay.config import Settings
+from cdc_relay.config import load_settings
 from cdc_relay.connection_defaults import KEEPALIVES_COUNT, connection_defaults, source_url
 from cdc_relay.database_url import UNPARSEABLE, redact_url, with_defaults
 from cdc_relay.observability.stats import RelayStats
@@ -113,7 +113,7 @@ def test_settings_derive_the_defaults_from_their_lease(
     monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
     monkeypatch.setenv("CDC_RELAY_DATABASE_URL", "postgresql://relay:pw@db/app?keepalives_count=9")
     monkeypatch.setenv("CDC_RELAY_LEADER_LEASE_TIMEOUT", "30")
-    settings = Settings()
+    settings = load_settings()
     merged = _read(settings.source_url())
     assert merged["tcp_user_timeout"] == "15000"
     assert merged["keepalives_count"] == "9"
