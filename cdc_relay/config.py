@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from cdc_relay import database_url
 from cdc_relay.column_transform import ColumnTransform, compile_transform
+from cdc_relay.connection_defaults import source_url
 from cdc_relay.database_url import redact_url
 from cdc_relay.errors import ConfigError
 from cdc_relay.row_filter import Condition, ConditionError
@@ -773,6 +774,12 @@ class Settings(BaseSettings):
                 sweep_condition=self.sweep_condition,
             ),
         )
+
+    def source_url(self) -> str:
+        """The URL every connection to PostgreSQL is opened with: the user's, plus TCP
+        keepalives and timeouts it does not set (:mod:`cdc_relay.connection_defaults`).
+        A secret: log :meth:`describe`, never this."""
+        return source_url(self.database_url.get_secret_value(), self.leader_lease_timeout)
 
     def producer_config(self) -> dict[str, str]:
         """The librdkafka configuration: safe defaults, then the user's, then what must hold."""

@@ -11,6 +11,7 @@ the first quoted part and never shown verbatim.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import psycopg
 from psycopg import errors
@@ -80,6 +81,20 @@ def redact_url(url: str) -> str:
     shown |= {key: value for key, value in params.items() if key not in shown}
     masked = {k: (MASK if _SECRET_FRAGMENT in k.lower() else v) for k, v in shown.items()}
     return make_conninfo(**masked)
+
+
+def with_defaults(url: str, defaults: Mapping[str, str]) -> str:
+    """``url`` with each of ``defaults`` that it does not set itself: what the URL says wins.
+
+    A ``key=value`` string (libpq reads a URI and ``key=value`` pairs alike). A URL libpq cannot
+    read comes back unchanged, for the connection attempt to report it (without its text).
+    """
+    try:
+        params = _params(url)
+    except psycopg.Error:
+        return url
+    missing = {key: value for key, value in defaults.items() if key not in params}
+    return make_conninfo(url, **missing) if missing else url
 
 
 def has_password(url: str) -> bool:

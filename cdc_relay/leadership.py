@@ -21,6 +21,13 @@ confirm the slot either. It also notices by itself: :attr:`Leadership.leading` t
 last renewal is older than the lease (by the local monotonic clock, which runs on while a process
 is stopped), before any database answers. It then purges its producer and becomes a standby.
 
+Cut off by a network partition, a leader learns it from its own connections: each has TCP
+keepalives and a ``tcp_user_timeout`` of half the lease (:mod:`cdc_relay.connection_defaults`), so
+the renewal fails well within the lease and the leader steps down. A renewal that fails while its
+connection stands (e.g. its ``statement_timeout``, a quarter of the lease, behind a lock on the
+lease row) does not: the lock and the lease are still this relay's, so it retries while the lease
+lasts, and a failover would be needless churn.
+
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
 record nor the slot can be moved by the one that lost.
@@ -49,6 +56,9 @@ log = logging.getLogger(__name__)
 LOCK_CLASS = 0x63646372  # "cdcr": the advisory lock's first key; the second is the slot's hash
 POLL_INTERVAL = 0.25  # a standby's look at the lock (and at an expired lease)
 TERMINATE_WAIT_MS = 2000  # pg_terminate_backend(pid, timeout): wait until the backend is gone
+# A renewal's statement_timeout, as a share of the lease: a renewal blocked (e.g. the lease row
+# locked by another session) ends early enough to be retried a few times before the lease ends.
+RENEWAL_TIMEOUT_SHARE = 0.25
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -78,6 +88,9 @@ class Leadership:
         self._conn: Connection | None = None
         self._leading = False
         self._failing = False  # the last look at the database failed
+        self._renewal_failing = False  # renewals fail on a live connection (lease still ours)
+        renewal_ms = round(self._timeout * RENEWAL_TIMEOUT_SHARE * 1000)
+        self._renewal_timeout = sql.Literal(f"{renewal_ms}ms")
         self._renewed_at = 0.0  # monotonic time taken before the last successful renewal
         self._resign = threading.Event()
         self._stop = threading.Event()
@@ -145,6 +158,19 @@ class Leadership:
                 elif self._try_acquire():
                     wait = self.settings.leader_renew_interval
             except (psycopg.Error, SourceError) as exc:
+                if self._leading and self._connection_alive() and self.leading:
+                    # The connection is alive, so the lock is still ours, and the lease runs on
+                    # by the local clock (e.g. the renewal hit its statement_timeout behind a
+                    # lock on the lease row): stepping down now would be needless churn. Retry;
+                    # ``leading`` turns false by itself if the lease runs out meanwhile.
+                    if not self._renewal_failing:
+                        log.warning(
+                            "cannot renew the leader lease, retrying while it lasts",
+                            extra={"fields": {"error": str(exc).strip()}},
+                        )
+                    self._renewal_failing = True
+                    self._stop.wait(self.settings.leader_renew_interval)
+                    continue
                 if self._leading:
                     self._leading = False
                     log.warning(
@@ -167,14 +193,17 @@ class Leadership:
                 log.exception("unexpected error in the leadership thread")
                 wait = 1.0
             else:
+                if self._failing:
+                    log.info("reached PostgreSQL again: competing for leadership again")
                 self._failing = False
             self._stop.wait(wait)
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            conn = connect(self.settings.database_url.get_secret_value())
+            conn = connect(self.settings.source_url())
             try:
                 conn.execute("SET application_name = 'cdc-relay leadership'")
+                # A standby's statements; the terminations wait up to 2 x TERMINATE_WAIT_MS.
                 conn.execute("SET statement_timeout = '5s'")
             except psycopg.Error:
                 conn.close()
@@ -182,7 +211,13 @@ class Leadership:
             self._conn = conn
         return self._conn
 
+    def _connection_alive(self) -> bool:
+        """The lock connection still stands (a failed statement, not a lost connection)."""
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
     def _close(self) -> None:
+        self._renewal_failing = False
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -240,19 +275,25 @@ class Leadership:
     def _renew(self) -> None:
         conn = self._connection()
         started = time.monotonic()
-        cursor = conn.execute(
-            sql.SQL(
-                "UPDATE {} SET renewed_at = now(), expires_at = now() + make_interval(secs => %s) "
-                "WHERE slot_name = %s AND holder = %s AND lock_pid = pg_backend_pid()"
-            ).format(self._lease),
-            (self._timeout, self.settings.slot_name, self.holder),
-        )
+        with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(self._renewal_timeout))
+            cursor = conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET renewed_at = now(), "
+                    "expires_at = now() + make_interval(secs => %s) "
+                    "WHERE slot_name = %s AND holder = %s AND lock_pid = pg_backend_pid()"
+                ).format(self._lease),
+                (self._timeout, self.settings.slot_name, self.holder),
+            )
         if cursor.rowcount != 1:
             self._leading = False
             log.warning("another relay took the leader lease", extra={"fields": {}})
             self._close()
             return
         self._renewed_at = started
+        if self._renewal_failing:
+            self._renewal_failing = False
+            log.info("renewed the leader lease again", extra={"fields": {}})
 
     def _end_hung_holder(self, conn: Connection) -> bool:
         """The lock is held: by whom, and is its lease still valid? True when this ended the

@@ -607,7 +607,7 @@ class Prerequisites:
         if self.settings.plugin is not Plugin.WAL2JSON:
             return None
         probe_name = f"cdc_relay_check_{os.getpid()}"
-        url = self.settings.database_url.get_secret_value()
+        url = self.settings.source_url()
         with connect(url) as probe:
             probe.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(PROBE_TIMEOUT)))
             try:

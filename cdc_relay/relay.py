@@ -102,6 +102,7 @@ class Relay:
         # The topic creation limit is per process; made with the first session (it needs Kafka).
         self.topic_rules: TopicRules | None = None
         self.leadership = Leadership(settings)
+        self.stats.lease_valid = lambda: self.leadership.leading
         # The start-up check's connection, handed to the first session if this process leads at
         # once: that session then neither connects nor checks again.
         self._checked: Connection | None = None
@@ -130,8 +131,8 @@ class Relay:
     def readiness(self) -> tuple[bool, str]:
         """For /readyz: streaming, Kafka answering and acknowledging, lag under the bound."""
         stats = self.stats
-        if not stats.streaming:
-            return False, "not streaming from the replication slot" if stats.leader else "standby"
+        if not (stats.leading and stats.streaming):
+            return False, "not streaming from the replication slot" if stats.leading else "standby"
         if stats.delivery_stalled:
             return False, "Kafka is not acknowledging records"
         lag = stats.lag_seconds()
@@ -218,7 +219,7 @@ class Relay:
         """Before standing by: the database is usable and the state tables exist (so that a
         standby with a broken configuration fails now, not when it is needed)."""
         backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
-        url = self.settings.database_url.get_secret_value()
+        url = self.settings.source_url()
         while not self.stopping:
             try:
                 conn = connect(url)
@@ -302,6 +303,10 @@ class Relay:
                         backoff.reset()  # the session did work: this is a new failure
                     if first and isinstance(exc, SlotInUse):
                         raise
+                    if not self.leadership.leading:
+                        # E.g. a partition: the lease ran out while this session was stuck.
+                        self._drop_publisher(purge=True)
+                        raise LeadershipLost("this relay's leader lease ran out") from exc
                     if isinstance(exc, SinkUnavailable):
                         self._drop_publisher(purge=True)
                     # Only transient failures get here; permanent ones (ConfigError, a
@@ -329,7 +334,7 @@ class Relay:
 
     def _session(self) -> None:
         settings = self.settings
-        url = settings.database_url.get_secret_value()
+        url = settings.source_url()
         checked = self._take_checked()
         with checked or connect(url) as conn:
             start = self._prepare(conn, checked=checked is not None)
@@ -563,7 +568,7 @@ class Relay:
         position, previous = self._confirmed, self._timeline
         if position is None or previous is None:
             return position  # nothing to carry, or not known where it was read: nothing to ask
-        url = self.settings.database_url.get_secret_value()
+        url = self.settings.source_url()
         current = timeline(url)
         if previous == current:
             return position

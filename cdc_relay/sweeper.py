@@ -542,7 +542,7 @@ class Sweeper:
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            conn = connect(self.settings.database_url.get_secret_value())
+            conn = connect(self.settings.source_url())
             try:
                 conn.execute("SET application_name = 'cdc-relay sweeper'")
                 conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))

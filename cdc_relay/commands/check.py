@@ -40,13 +40,13 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
             lines.append(line)
             emit(line)
 
-    url = settings.database_url.get_secret_value()
+    url = settings.source_url()
     connected: list[Connection] = []
 
     def connection() -> str:
         connected.append(connect(url))
         user = scalar(connected[0], "SELECT current_user")
-        return f"{redact_url(url)} as {user}"
+        return f"{redact_url(settings.database_url.get_secret_value())} as {user}"
 
     run("connection", connection)
     if connected:

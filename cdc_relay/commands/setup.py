@@ -51,7 +51,7 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print) 
                 "without it",
                 2,
             )
-        with connect(settings.database_url.get_secret_value()) as conn:
+        with connect(settings.source_url()) as conn:
             _Setup(conn, settings, out).run(create_outbox)
     except _SetupFailed as exc:
         out(f"FAIL {exc.line}")

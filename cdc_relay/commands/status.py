@@ -23,7 +23,7 @@ from cdc_relay.replication.source import connect
 
 
 def database_status(settings: Settings) -> dict[str, Any]:
-    with connect(settings.database_url.get_secret_value()) as conn:
+    with connect(settings.source_url()) as conn:
         slot = conn.execute(
             "SELECT active_pid, confirmed_flush_lsn::text, wal_status, "
             "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "

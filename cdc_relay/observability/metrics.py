@@ -202,7 +202,7 @@ class RelayMetrics:
         gauge(
             "cdc_relay.role",
             "1 while this relay leads (streams), 0 while it stands by",
-            lambda: int(stats.leader),
+            lambda: int(stats.leading),
             "{role}",
         )
         gauge(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -77,7 +78,10 @@ class RelayStats:
     retained_wal_bytes: int | None = None
     in_flight: int = 0
     streaming: bool = False
-    leader: bool = False  # holds the leadership (cdc_relay.leadership); False: a standby
+    leader: bool = False  # relays as the leader (cdc_relay.leadership); False: a standby
+    # The leadership's own view (its lease by the local clock): a leader whose loop is blocked,
+    # e.g. on a connection into a partition, still stops saying it leads once its lease ran out.
+    lease_valid: Callable[[], bool] = lambda: True
     last_loop: float = field(default_factory=time.monotonic)
     delivery_stalled: bool = False
     sweeper: SweeperCounters | None = None  # set when the relay runs its sweeper
@@ -85,6 +89,11 @@ class RelayStats:
     # the process was launched (cdc_relay.observability.launch). None until it is sent.
     start_replication_monotonic: float | None = None
     start_replication_after_launch_s: float | None = None
+
+    @property
+    def leading(self) -> bool:
+        """What /status, /readyz and the role metric say."""
+        return self.leader and self.lease_valid()
 
     @property
     def published(self) -> int:
@@ -103,7 +112,7 @@ class RelayStats:
     def snapshot(self) -> dict[str, object]:
         """The numbers ``status`` and ``/status`` show."""
         return {
-            "role": "leader" if self.leader else "standby",
+            "role": "leader" if self.leading else "standby",
             "streaming": self.streaming,
             "uptime_s": round(time.time() - self.started_at, 1),
             "start_replication_monotonic": self.start_replication_monotonic,

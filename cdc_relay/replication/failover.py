@@ -54,7 +54,7 @@ def ensure_failover(conn: Connection, settings: Settings, slot: SlotState) -> bo
     """Make the existing, idle slot a failover slot when the setting wants one; True if changed."""
     if slot.failover is not False or not wants_failover(conn, settings):
         return False
-    enable_failover(settings.database_url.get_secret_value(), slot.name)
+    enable_failover(settings.source_url(), slot.name)
     log.info("made the replication slot a failover slot", extra={"fields": {"slot": slot.name}})
     return True
 
@@ -92,7 +92,7 @@ def promoted_slot(conn: Connection, settings: Settings, slot: SlotState) -> bool
         return False
     if scalar(conn, "SELECT pg_is_in_recovery()") is not False:
         return False
-    switch = timeline_start(settings.database_url.get_secret_value())
+    switch = timeline_start(settings.source_url())
     return switch is not None and slot.confirmed_flush <= switch
 
 

@@ -47,11 +47,11 @@ class SlotState:
 
 
 def connect(database_url: str) -> Connection:
-    """An autocommit connection; connection failures become SourceUnavailable / SetupError."""
+    """An autocommit connection; connection failures become SourceUnavailable / SetupError.
+
+    The relay passes :meth:`cdc_relay.config.Settings.source_url`: its timeouts are there."""
     try:
-        return psycopg.connect(
-            database_url, autocommit=True, application_name=APPLICATION_NAME, connect_timeout=10
-        )
+        return psycopg.connect(database_url, autocommit=True, application_name=APPLICATION_NAME)
     except psycopg.OperationalError as exc:
         raise connect_error(
             str(exc), exc.sqlstate, database_url, "cannot connect to PostgreSQL"

@@ -48,12 +48,9 @@ class ReplicationStream:
         start_lsn: int,
         plugin_options: dict[str, str],
         *,
-        connect_timeout: int = 10,
         coalesce: float = 0.0,
     ) -> None:
-        self._conninfo = make_conninfo(
-            replication_conninfo(database_url), connect_timeout=str(connect_timeout)
-        )
+        self._conninfo = replication_conninfo(database_url)  # timeouts: Settings.source_url()
         self._slot_name = slot_name
         self._start_lsn = start_lsn
         self._options = plugin_options
@@ -220,7 +217,7 @@ def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
 
 def _command(database_url: str, command: str) -> list[tuple[bytes | None, ...]]:
     """Run one replication command on a connection of its own; its rows, as raw values."""
-    conninfo = make_conninfo(replication_conninfo(database_url), connect_timeout="10")
+    conninfo = replication_conninfo(database_url)
     conn = pq.PGconn.connect(conninfo.encode())
     try:
         if conn.status != pq.ConnStatus.OK:

@@ -424,3 +424,46 @@ def test_three_relays_survive_kills_and_hangs(
         )
     assert max(times["kill"]) <= 5.0
     assert max(times["hang"]) <= LEASE + 5.0
+
+
+def test_a_renewal_blocked_by_a_locked_lease_row_keeps_the_leadership(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    """The renewal hits its statement_timeout while its connection (and so the lock) stands: the
+    leader keeps leading while its lease lasts and retries; no failover, no churn."""
+    create_outbox(database)
+    slot = f"slot_{unique}"
+    lease = 12.0  # longer than the lock below; the renewal's timeout is a quarter of it (3 s)
+    locked_for = 6.0  # longer than the renewal's statement_timeout (before: a fixed 5 s)
+    env = {**_env(database, broker, unique), "CDC_RELAY_LEADER_LEASE_TIMEOUT": str(lease)}
+    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    try:
+        first = _start(relays, env).wait_streaming()
+        second = _start(relays, env)
+        second.wait_for_log("standby: another relay leads")
+        holder = scalar(
+            database, "SELECT holder FROM cdc_relay.leader_lease WHERE slot_name = %s", slot
+        )
+        with Writers(database, threads=1, rate=200) as writers:
+            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            with psycopg.connect(database) as conn:
+                conn.execute(
+                    "SELECT 1 FROM cdc_relay.leader_lease WHERE slot_name = %s FOR UPDATE", (slot,)
+                )
+                time.sleep(locked_for)
+                conn.rollback()
+            released = time.monotonic()
+            flowing = consumer.first_new_event_after(released, writers, 10)
+            time.sleep(2 * RENEW + 1)
+        _check_nothing_lost_and_order_kept(consumer, writers)
+    finally:
+        consumer.close()
+    print(f"\nlease row locked {locked_for:g}s: events flowing again {flowing:.2f}s after release")
+    assert "cdc_relay.leadership: leading" not in second.logs(), "the standby led"
+    assert "lost the leadership" not in first.logs()
+    after = scalar(database, "SELECT holder FROM cdc_relay.leader_lease WHERE slot_name = %s", slot)
+    assert after == holder
+    assert _leader_pid(database, slot) == first.pid
+    # It did hit the renewal's timeout (the test proved something), and recovered.
+    assert "cannot renew the leader lease, retrying while it lasts" in first.logs()
+    assert "renewed the leader lease again" in first.logs()
