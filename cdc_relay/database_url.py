@@ -60,6 +60,10 @@ def parse(url: str) -> dict[str, str]:
     except psycopg.Error as exc:
         raise InvalidDatabaseUrl(_reason(str(exc))) from None
     if re.match(r"^postgres(ql)?://", url, re.IGNORECASE):
+        if any(c.isspace() for c in url):
+            # RFC 3986 has no whitespace in a URI; libpq 16 (psycopg-binary 3.2.1) read it as part
+            # of the value, libpq 18 refuses it: refused whatever the libpq.
+            raise InvalidDatabaseUrl(f"whitespace in the URI; {_PERCENT_HINT}")
         _check_uri_authority(url.split("://", 1)[1])
     for key, choices in _CHOICES.items():
         value = params.get(key)

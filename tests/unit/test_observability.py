@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -51,12 +52,14 @@ def test_prometheus_histogram_is_cumulative_and_counts_every_observation() -> No
     assert by_le["0.5"] == 3
     assert by_le["+Inf"] == 3
     assert 'cdc_relay_events_published_total{messaging_destination_name="a"' in text
+    # A sample with or without labels (exporter versions differ: otel_scope_* labels or none).
+    sample = re.compile(
+        r"cdc_relay_transaction_receive_latency_seconds_(\w+)"
+        r"(?:\{[^}]*?(?:le=\"([^\"]*)\")?[^}]*\})? (\S+)"
+    )
     receive = {
-        line.split("{", 1)[0].rsplit("_", 1)[1] + line.split('le="')[1].split('"')[0]
-        if 'le="' in line
-        else line.split("{", 1)[0].rsplit("_", 1)[1]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("cdc_relay_transaction_receive_latency_seconds_")
+        kind + le: float(value)
+        for kind, le, value in (m.groups("") for m in map(sample.fullmatch, text.splitlines()) if m)
     }
     assert receive["count"] == 1
     assert (receive["bucket0.001"], receive["bucket0.0025"]) == (0, 1)
