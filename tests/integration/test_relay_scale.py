@@ -15,6 +15,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
     scalar,
+    slot_confirmed_lsn,
     wait_until,
     write_transactions,
 )
@@ -50,7 +51,13 @@ def test_idle_outbox_does_not_pin_wal(database: str, broker: KafkaBroker, unique
     try:
         relay.wait_streaming()
         write_transactions(database, [[new_event()]])
+        event_end = int(str(scalar(database, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")))
         consume_all(broker.bootstrap_servers, [topic], 1, 30)
+        # The event's acknowledgement is confirmed first, so that only the idle confirmation can
+        # move the slot past what follows (it would otherwise ride on that confirmation).
+        wait_until(
+            lambda: slot_confirmed_lsn(database, slot) >= event_end, 30, "the event confirmed"
+        )
 
         start = int(str(scalar(database, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")))
         with psycopg.connect(database, autocommit=True) as conn:
