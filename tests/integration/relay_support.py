@@ -7,6 +7,7 @@ lines. The database side is plain psycopg.
 from __future__ import annotations
 
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -142,6 +143,15 @@ def slot_confirmed_lsn(database_url: str, slot: str) -> int:
     )
     assert text is not None, f"slot {slot} missing"
     return parse_lsn(str(text))
+
+
+def log_field(logs: str, message: str, name: str) -> str | None:
+    """A field of the last log line holding ``message`` (plain or JSON log format)."""
+    lines = [line for line in logs.splitlines() if message in line]
+    if not lines:
+        return None
+    match = re.search(rf'"?{name}"?[=:]\s*"?([^\s",}}]+)', lines[-1])
+    return match.group(1) if match else None
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> None:

@@ -467,7 +467,16 @@ def test_relay_refuses_a_slot_held_by_another_process(database: str, env: dict[s
     assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
     slot = env["CDC_RELAY_SLOT_NAME"]
     with holding_slot(database, env):
-        relay = RelayProcess(env).start()
+        # The relay gives a holder the lease timeout to let go (default 15 s) before it refuses:
+        # the same wait and refusal, with the shorter lease of the high-availability tests (the
+        # connection timeouts derive from it: half of it, the renewal's a quarter).
+        relay = RelayProcess(
+            {
+                **env,
+                "CDC_RELAY_LEADER_LEASE_TIMEOUT": "4",
+                "CDC_RELAY_LEADER_RENEW_INTERVAL": "1",
+            }
+        ).start()
         try:
             assert relay.wait(30) == 3
             assert f"slot: {slot} is in use by process" in relay.logs()

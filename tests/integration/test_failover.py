@@ -290,12 +290,7 @@ def test_a_fresh_relay_accepts_a_promoted_slot_ahead_of_its_record(
             consume_all(broker.bootstrap_servers, [f"{unique}.order"], 20, 60)
             confirmed_after = slot_confirmed_lsn(primary_url, slot)
             wait_until(
-                lambda: (
-                    (s := _synced_slot(pair.standby, slot)) is not None
-                    and s[0]
-                    and not s[1]
-                    and s[2] >= confirmed_after
-                ),
+                lambda: _synchronised(pair, slot, confirmed_after),
                 60,
                 "the slot synchronised to the standby",
             )

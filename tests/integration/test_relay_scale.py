@@ -15,6 +15,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
     scalar,
+    slot_confirmed_lsn,
     wait_until,
     write_transactions,
 )
@@ -43,11 +44,20 @@ def test_idle_outbox_does_not_pin_wal(database: str, broker: KafkaBroker, unique
     slot = f"slot_{unique}"
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("CREATE TABLE filler (id bigserial PRIMARY KEY, pad text)")
-    relay = RelayProcess(relay_env(database, broker.bootstrap_servers, unique)).start()
+    # The idle confirmation is the code path under test; its interval only sets how long the
+    # test waits for it (the default 10 s, twice, since the slot moves in two steps: see below).
+    env = relay_env(database, broker.bootstrap_servers, unique, idle_confirm_interval="1")
+    relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
         write_transactions(database, [[new_event()]])
+        event_end = int(str(scalar(database, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")))
         consume_all(broker.bootstrap_servers, [topic], 1, 30)
+        # The event's acknowledgement is confirmed first, so that only the idle confirmation can
+        # move the slot past what follows (it would otherwise ride on that confirmation).
+        wait_until(
+            lambda: slot_confirmed_lsn(database, slot) >= event_end, 30, "the event confirmed"
+        )
 
         start = int(str(scalar(database, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")))
         with psycopg.connect(database, autocommit=True) as conn:
@@ -58,6 +68,10 @@ def test_idle_outbox_does_not_pin_wal(database: str, broker: KafkaBroker, unique
                 )
         written = int(str(scalar(database, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))) - start
         assert written >= 50 * MB
+        # A logical slot's restart_lsn moves only to a running-transactions snapshot the relay has
+        # confirmed past; the server logs one every 15 s on its own, a checkpoint logs one now.
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
 
         began = time.monotonic()
         wait_until(
