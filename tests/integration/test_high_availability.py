@@ -34,6 +34,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
     scalar,
+    slot_confirmed_lsn,
     wait_until,
 )
 
@@ -378,6 +379,20 @@ def test_the_position_record_is_fenced_by_the_lease(database: str, unique: str) 
         assert stale.load() == 3000
 
 
+def _wait_renewed_and_confirmed(database: str, slot: str) -> None:
+    """The leader streams, confirms and renews: since now, its lease was renewed and the slot's
+    confirmed position moved (what a fixed 2 s sleep waited for, without the idle seconds)."""
+    renewed_query = "SELECT renewed_at FROM cdc_relay.leader_lease WHERE slot_name = %s"
+    renewed = scalar(database, renewed_query, slot)
+    confirmed = slot_confirmed_lsn(database, slot)
+    wait_until(
+        lambda: scalar(database, renewed_query, slot) != renewed
+        and slot_confirmed_lsn(database, slot) > confirmed,
+        10,
+        "the leader to renew its lease and confirm the slot further",
+    )
+
+
 def test_three_relays_survive_kills_and_hangs(
     database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
 ) -> None:
@@ -395,7 +410,7 @@ def test_three_relays_survive_kills_and_hangs(
             for fault in ("kill", "kill", "hang", "kill", "kill", "hang", "kill"):
                 leader = _wait_leader(database, env, relays)
                 consumer.first_new_event_after(time.monotonic(), writers, 30)  # healthy
-                time.sleep(2)  # the leader streams, confirms and renews for a while
+                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
                 at = time.monotonic()
                 if fault == "kill":
                     leader.kill()
