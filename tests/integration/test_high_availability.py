@@ -386,8 +386,10 @@ def _wait_renewed_and_confirmed(database: str, slot: str) -> None:
     renewed = scalar(database, renewed_query, slot)
     confirmed = slot_confirmed_lsn(database, slot)
     wait_until(
-        lambda: scalar(database, renewed_query, slot) != renewed
-        and slot_confirmed_lsn(database, slot) > confirmed,
+        lambda: (
+            scalar(database, renewed_query, slot) != renewed
+            and slot_confirmed_lsn(database, slot) > confirmed
+        ),
         10,
         "the leader to renew its lease and confirm the slot further",
     )
