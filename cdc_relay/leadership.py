@@ -133,6 +133,8 @@ class Leadership:
 
     def record_stream(self, conn: Connection, pid: int) -> None:
         """Write the walsender's pid into the lease (a successor ends it if it lingers)."""
+        if not self.leading:  # the lease row may still name us after the lock connection died
+            raise LeadershipLost("the leader lease was lost before streaming began")
         cursor = conn.execute(
             sql.SQL("UPDATE {} SET stream_pid = %s WHERE slot_name = %s AND holder = %s").format(
                 self._lease

@@ -292,6 +292,10 @@ class Relay:
             while not self.stopping:
                 published_before = self.stats.published
                 try:
+                    if not self.leadership.leading:
+                        # E.g. a PostgreSQL restart took the lock connection down while this
+                        # relay waited to retry: the standby may hold the lock by now.
+                        raise LeadershipLost("this relay no longer leads: no new session")
                     self._session()
                 except LeadershipLost:
                     self._drop_publisher(purge=True)  # late duplicates at most: see README
