@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -169,3 +170,49 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
             return int(response.status), bytes(response.read())
     except urllib.error.HTTPError as exc:
         return int(exc.code), bytes(exc.read())
+
+
+class PositionSampler:
+    """(the position record, the slot's confirmed_flush), sampled every 50 ms until closed.
+
+    Two statements, the slot first: a single SELECT reads the record in the snapshot taken at its
+    start but ``pg_replication_slots`` live, later, so a record committed and confirmed in between
+    would show the slot ahead of a record that was not. Read in this order, a slot position was
+    confirmed only after a record at least as far committed, which the second statement sees.
+    """
+
+    def __init__(self, url: str, slot: str) -> None:
+        self.samples: list[tuple[int, int]] = []
+        self._url = url
+        self._slot = slot
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            while not self._stop.is_set():
+                flushed = conn.execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                    "WHERE slot_name = %s",
+                    (self._slot,),
+                ).fetchone()
+                recorded = conn.execute(
+                    "SELECT confirmed_lsn::text FROM cdc_relay.slot_position WHERE slot_name = %s",
+                    (self._slot,),
+                ).fetchone()
+                if flushed and recorded and flushed[0] is not None:
+                    self.samples.append((parse_lsn(str(recorded[0])), parse_lsn(str(flushed[0]))))
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def check(self) -> None:
+        records = [r for r, _ in self.samples]
+        flushes = [f for _, f in self.samples]
+        assert records, "no position was ever sampled"
+        assert records == sorted(records), "the recorded position went backwards"
+        assert flushes == sorted(flushes), "the slot's confirmed position went backwards"
+        assert all(f <= r for r, f in self.samples), "the slot got ahead of the record"

@@ -24,9 +24,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.errors import LeadershipLost
 from cdc_relay.local.lifetime import free_port
-from cdc_relay.lsn import parse_lsn
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
+    PositionSampler,
     RelayProcess,
     create_outbox,
     http_get,
@@ -305,30 +305,14 @@ def test_a_woken_leader_confirms_nothing_and_stands_by(
     create_outbox(database)
     slot = f"slot_{unique}"
     env = _env(database, broker, unique, log_level="DEBUG")
-    samples: list[tuple[int, int]] = []  # (recorded position, slot's confirmed_flush)
-    sampling = threading.Event()
-
-    def sample() -> None:
-        with psycopg.connect(database, autocommit=True) as conn:
-            while not sampling.is_set():
-                row = conn.execute(
-                    "SELECT p.confirmed_lsn::text, s.confirmed_flush_lsn::text "
-                    "FROM cdc_relay.slot_position p JOIN pg_replication_slots s USING (slot_name) "
-                    "WHERE slot_name = %s",
-                    (slot,),
-                ).fetchone()
-                if row is not None:
-                    samples.append((parse_lsn(str(row[0])), parse_lsn(str(row[1]))))
-                time.sleep(0.05)
-
     consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
-    sampler = threading.Thread(target=sample)
+    sampler: PositionSampler | None = None
     try:
         _start(relays, env)
         _start(relays, env)
         old = _wait_leader(database, env, relays)
         with Writers(database, threads=1, rate=200) as writers:
-            sampler.start()
+            sampler = PositionSampler(database, slot)
             consumer.first_new_event_after(time.monotonic(), writers, 20)
             stopped_at_log = len(old.logs())
             fault = time.monotonic()
@@ -344,19 +328,15 @@ def test_a_woken_leader_confirms_nothing_and_stands_by(
             assert _leader_pid(database, slot) == new.pid
         _check_nothing_lost_and_order_kept(consumer, writers)
     finally:
-        sampling.set()
-        if sampler.is_alive():
-            sampler.join(10)
+        if sampler is not None:
+            sampler.close()
         consumer.close()
     print(f"\nSIGSTOP takeover: {took:.2f}s (lease {LEASE:g}s)")
     woken = old.logs()[stopped_at_log:]
     assert "cdc_relay.confirmation: confirmed" not in woken, woken
     assert "ending its connections and taking over" in new.logs()
-    records = [r for r, _ in samples]
-    flushes = [f for _, f in samples]
-    assert records == sorted(records), "the recorded position went backwards"
-    assert flushes == sorted(flushes), "the slot's confirmed position went backwards"
-    assert all(f <= r for r, f in samples), "the slot got ahead of the record"
+    assert sampler is not None
+    sampler.check()
     assert took <= LEASE + 5
 
 

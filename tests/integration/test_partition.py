@@ -15,15 +15,19 @@ import time
 from collections.abc import Iterator
 
 import orjson
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc_relay.local.lifetime import free_port
-from cdc_relay.lsn import parse_lsn
 from tests.conftest import KafkaBroker
 from tests.integration import tcp_proxy
-from tests.integration.relay_support import RelayProcess, create_outbox, http_get, wait_until
+from tests.integration.relay_support import (
+    PositionSampler,
+    RelayProcess,
+    create_outbox,
+    http_get,
+    wait_until,
+)
 from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.test_high_availability import (
     LEASE,
@@ -89,43 +93,6 @@ class RoleWatch:
         self._thread.join(timeout)
         assert self._seen is not None, f"role {self._role!r} not seen within {timeout}s"
         return self._seen
-
-
-class PositionSampler:
-    """(the position record, the slot's confirmed_flush), sampled on a direct connection."""
-
-    def __init__(self, url: str, slot: str) -> None:
-        self.samples: list[tuple[int, int]] = []
-        self._url = url
-        self._slot = slot
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with psycopg.connect(self._url, autocommit=True) as conn:
-            while not self._stop.is_set():
-                row = conn.execute(
-                    "SELECT p.confirmed_lsn::text, s.confirmed_flush_lsn::text "
-                    "FROM cdc_relay.slot_position p JOIN pg_replication_slots s USING (slot_name) "
-                    "WHERE slot_name = %s",
-                    (self._slot,),
-                ).fetchone()
-                if row is not None:
-                    self.samples.append((parse_lsn(str(row[0])), parse_lsn(str(row[1]))))
-                time.sleep(0.05)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def check(self) -> None:
-        records = [r for r, _ in self.samples]
-        flushes = [f for _, f in self.samples]
-        assert records, "no position was ever sampled"
-        assert records == sorted(records), "the recorded position went backwards"
-        assert flushes == sorted(flushes), "the slot's confirmed position went backwards"
-        assert all(f <= r for r, f in self.samples), "the slot got ahead of the record"
 
 
 def test_a_partitioned_leader_steps_down_and_comes_back_as_a_working_standby(
