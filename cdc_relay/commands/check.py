@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from cdc_relay.commands.output import print_line
 from cdc_relay.config import MissingTopics, Settings, redact_url
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config
@@ -25,8 +26,9 @@ EXIT_CHECK_FAILED = 1
 BROKER_TIMEOUT = 5.0
 
 
-def check(settings: Settings, out: Output = print) -> int:
-    """Run every check, print one line each; 0 when all passed."""
+def check(settings: Settings, out: Output = print_line) -> int:
+    """Run every check, print one line each (escaped: details quote what the database holds,
+    such as the lease's holder); 0 when all passed."""
     lines = run_checks(settings, lambda line: out(str(line)))
     return 0 if all(line.ok for line in lines) else EXIT_CHECK_FAILED
 

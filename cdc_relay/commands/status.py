@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.checkpoint import LEASE_TABLE, STATE_TABLE
+from cdc_relay.commands.output import printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
 from cdc_relay.replication.source import connect
@@ -95,14 +96,16 @@ def main(settings: Settings, relay_host: str = "127.0.0.1") -> int:
     try:
         database = database_status(settings)
     except SourceError as exc:
-        print(f"database: {exc}")
+        print(f"database: {printable(exc)}")
         return exc.exit_code
+    # Every value (and the keys of /status, which any process on that port may answer) is
+    # printed escaped: a lease holder or a role name may hold newlines and terminal escapes.
     for key, value in database.items():
-        print(f"{key}: {value}")
+        print(f"{key}: {printable(value)}")
     live = relay_status(settings.http_port, relay_host)
     if live is None:
         print(f"relay: not answering on port {settings.http_port} (not running, or elsewhere)")
     else:
         for key, value in live.items():
-            print(f"relay.{key}: {value}")
+            print(f"relay.{printable(key, 100)}: {printable(value)}")
     return 0 if database["slot_exists"] else 1
