@@ -654,7 +654,8 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Topics the relay creates for events (CDC_RELAY_MISSING_TOPICS=create) before it "
-            "refuses records for further new topics, per process; 0: it creates none."
+            "refuses records for further new topics, per process (afresh at each start: only "
+            "CDC_RELAY_TOPIC_ALLOWLIST bounds topics across restarts); 0: it creates none."
         ),
     )
 
