@@ -8,6 +8,7 @@ endpoint — the same counters ``/metrics`` exports.
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -21,6 +22,9 @@ from cdc_relay.commands.output import printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
 from cdc_relay.replication.source import connect
+
+STATUS_TIMEOUT = 3.0  # seconds for the whole /status answer
+STATUS_MAX_BYTES = 1 << 20  # a real answer is a few hundred bytes
 
 
 def database_status(settings: Settings) -> dict[str, Any]:
@@ -84,9 +88,21 @@ def relay_status(port: int, host: str = "127.0.0.1") -> dict[str, Any] | None:
     """The running relay's live counters, or None when it does not answer."""
     if not port:
         return None
+    deadline = time.monotonic() + STATUS_TIMEOUT
+    body = bytearray()
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=3) as response:
-            data = orjson.loads(response.read())
+        # Whatever answers on that port is read for a bounded time and size: a process that
+        # is not the relay may send an endless or slow answer.
+        url = f"http://{host}:{port}/status"
+        with urllib.request.urlopen(url, timeout=STATUS_TIMEOUT) as response:
+            while len(body) <= STATUS_MAX_BYTES and time.monotonic() < deadline:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                body += chunk
+            else:
+                return None
+        data = orjson.loads(body)
     except (urllib.error.URLError, OSError, orjson.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None

@@ -1,14 +1,20 @@
-"""cdc_relay.commands.output.printable: any text becomes one line of visible, bounded text."""
+"""What the CLI prints and reads from others: any text becomes one line of visible, bounded text
+(cdc_relay.commands.output.printable); ``status`` reads the relay's port within bounds."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socketserver
+import threading
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cdc_relay.commands.output import LINE_LIMIT, VALUE_LIMIT, print_line, printable
+from cdc_relay.commands.status import STATUS_TIMEOUT, relay_status
 
 MARKER = re.compile(r"… \((\d+) more characters\)\Z")
 # Terminal-relevant characters: C0/C1 controls, DEL, separators, bidirectional controls.
@@ -78,3 +84,34 @@ def test_print_line_bounds_a_line(capsys: pytest.CaptureFixture[str]) -> None:
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1
     assert len(printed) < LINE_LIMIT + 100
+
+
+def _serve(body: bytes, endless: bool) -> tuple[socketserver.TCPServer, int]:
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            self.rfile.readline()
+            self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n")
+            with contextlib.suppress(OSError):
+                self.wfile.write(body)
+                while endless:
+                    self.wfile.write(b" " * 65536)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_status_reads_whatever_answers_on_the_port_within_a_time_and_size_bound() -> None:
+    server, port = _serve(b'{"events_published": 3}', endless=False)
+    try:
+        assert relay_status(port) == {"events_published": 3}
+    finally:
+        server.shutdown()
+    server, port = _serve(b'{"events_published": 3', endless=True)
+    try:
+        started = time.monotonic()
+        assert relay_status(port) is None
+        assert time.monotonic() - started < STATUS_TIMEOUT + 1
+    finally:
+        server.shutdown()
