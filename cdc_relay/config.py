@@ -884,7 +884,7 @@ def read_secret_file(field: str, path: object) -> str:
     """The text of a ``*_FILE`` setting's file; a failure names the setting, not the content."""
     try:
         return read_setting_file(Path(str(path))).decode("utf-8")
-    except (OSError, UnicodeDecodeError, _NotASettingFile) as exc:
+    except (OSError, ValueError, _NotASettingFile) as exc:  # UnicodeDecodeError is a ValueError
         raise ConfigError(
             f"invalid configuration: {env_name(field)}: cannot read {path}: {_reason(exc)}"
         ) from None
@@ -935,6 +935,8 @@ def read_setting_file(path: Path) -> bytes:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
+    if isinstance(exc, ValueError):  # os.open: a NUL in the name
+        return "not a valid file name"
     if isinstance(exc, OSError):
         return exc.strerror or type(exc).__name__
     return str(exc)

@@ -150,6 +150,13 @@ def test_a_symlink_to_a_regular_file_is_followed(tmp_path: Path) -> None:
     assert settings.database_url.get_secret_value() == DB_URL
 
 
+@pytest.mark.parametrize("field", FILE_SETTINGS)
+def test_a_setting_file_name_with_a_nul_is_named(field: str) -> None:
+    message = config_error(**file_settings(field, "secret\x00file"))
+    assert f"{env_name(field)}: cannot read " in message
+    assert message.endswith(": not a valid file name")
+
+
 def test_a_setting_file_that_is_not_utf8_is_named_without_content(tmp_path: Path) -> None:
     bad = tmp_path / "db_url"
     bad.write_bytes(SECRET.encode() + b"\xff\xfe")
