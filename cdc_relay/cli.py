@@ -98,8 +98,7 @@ def _wait_seconds(text: str) -> float:
     except ValueError:
         value = float("nan")
     if not SWEEP_WAIT_BOUNDS.admits(value):  # nan admits nothing
-        bounds = SWEEP_WAIT_BOUNDS
-        raise argparse.ArgumentTypeError(f"{bounds.low:g} to {bounds.high:g} seconds")
+        raise argparse.ArgumentTypeError(SWEEP_WAIT_BOUNDS.describe())
     return value
 
 

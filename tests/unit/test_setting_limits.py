@@ -290,4 +290,4 @@ def test_sweep_wait_is_bounded(tmp_path: Path) -> None:
     for wait in ("nan", "inf", "1e300", "-1"):
         result = relay_command(env, "sweep", "--once", "--wait", wait, cwd=tmp_path)
         assert result.returncode == 2, (wait, result.stderr[-2000:])
-        assert "--wait: 0 to 86400 seconds" in result.stderr, result.stderr
+        assert "argument --wait: between 0 and 86400 seconds" in result.stderr, result.stderr
