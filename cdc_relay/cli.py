@@ -27,6 +27,7 @@ from typing import Any
 
 from cdc_relay import __version__
 from cdc_relay.config import (
+    SWEEP_WAIT_BOUNDS,
     Settings,
     env_name,
     is_secret_property,
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument(
         "--wait",
-        type=float,
+        type=_wait_seconds,
         default=30.0,
         metavar="SECONDS",
         help="with --once: how long to wait for the relay to confirm past the rows (30)",
@@ -88,6 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _command(commands, "check", "preflight: one line per prerequisite, non-zero exit if any fails")
     return parser
+
+
+def _wait_seconds(text: str) -> float:
+    """``sweep --wait``: a number of seconds within its bounds (argparse exits 2 otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not SWEEP_WAIT_BOUNDS.admits(value):  # nan admits nothing
+        raise argparse.ArgumentTypeError(SWEEP_WAIT_BOUNDS.describe())
+    return value
 
 
 def _command(

@@ -7,11 +7,13 @@ environment variable and never echoes the offending value (it may be a secret).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import string
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from psycopg import sql
@@ -21,6 +23,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -56,6 +59,63 @@ _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 # Producer properties the relay's guarantees rest on; a user cannot override them.
 _ENFORCED_PRODUCER_PROPERTIES = {"enable.idempotence": "true", "acks": "all"}
+
+# The most a settings file (a *_FILE setting's, .env) may hold: a URL or a properties file is a
+# few hundred bytes; more is the wrong file (or a device that never ends).
+SETTING_FILE_MAX_BYTES = 64 * 1024
+
+
+class Bounds(NamedTuple):
+    """The values a duration setting accepts, in its own unit."""
+
+    low: float
+    high: float
+    off: bool = False  # 0 is accepted too, and turns the feature off
+    unit: str = "seconds"
+    above_low: bool = False  # low itself is refused (any value above it is fine)
+
+    def admits(self, value: float) -> bool:
+        above = self.low < value if self.above_low else self.low <= value
+        return (self.off and value == 0) or (above and value <= self.high)
+
+    def describe(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if self.above_low:
+            span = f"more than {low} and at most {high} {self.unit}"
+        else:
+            span = f"between {low} and {high} {self.unit}"
+        return f"0 (off) or {span}" if self.off else span
+
+
+def _number(value: float) -> str:
+    """1.0 -> ``1``, 316224000.0 -> ``316224000`` (not ``3.16224e+08``), 0.01 -> ``0.01``."""
+    return str(int(value)) if value.is_integer() else f"{value:g}"
+
+
+_HOUR = 3600.0
+_DAY = 24 * _HOUR
+# Every duration setting's bounds, in one place. Finite, so that no value means "never" and every
+# timer can wait that long (threading's waits raise OverflowError beyond threading.TIMEOUT_MAX,
+# about 292 years); at least a few milliseconds where less would spin a loop (a renewal, a
+# sweep, a log line) thousands of times a second. A confirmation happens only when the loop wakes
+# for something else, so any positive interval is fine.
+DURATION_BOUNDS: dict[str, Bounds] = {
+    "confirm_interval": Bounds(0.0, _HOUR, above_low=True),
+    "idle_confirm_interval": Bounds(0.0, _HOUR, above_low=True),
+    "reconcile_timeout": Bounds(0.1, _HOUR),
+    "read_coalesce_ms": Bounds(0.0, 1000.0, unit="milliseconds"),
+    "shutdown_timeout": Bounds(0.0, _HOUR),
+    "delivery_stall_timeout": Bounds(1.0, _DAY),
+    "reconnect_max_backoff": Bounds(0.01, _HOUR),
+    "leader_lease_timeout": Bounds(1.0, _HOUR),
+    "leader_renew_interval": Bounds(0.01, _HOUR / 2),
+    "sweep_interval": Bounds(0.01, _DAY, off=True),
+    "sweep_retention_seconds": Bounds(0.0, 3660 * _DAY),  # ten years and then some
+    "heartbeat_interval": Bounds(0.1, _DAY, off=True),
+    "ready_max_lag_seconds": Bounds(0.1, 7 * _DAY),
+    "progress_interval": Bounds(0.1, _DAY),
+}
+SWEEP_WAIT_BOUNDS = Bounds(0.0, _DAY)  # sweep --once --wait
 
 
 class PoisonPolicy(StrEnum):
@@ -594,7 +654,8 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Topics the relay creates for events (CDC_RELAY_MISSING_TOPICS=create) before it "
-            "refuses records for further new topics, per process; 0: it creates none."
+            "refuses records for further new topics, per process (afresh at each start: only "
+            "CDC_RELAY_TOPIC_ALLOWLIST bounds topics across restarts); 0: it creates none."
         ),
     )
 
@@ -638,6 +699,14 @@ class Settings(BaseSettings):
     @classmethod
     def _condition(cls, value: str | None) -> str | None:
         return None if value is None else check_condition(value)
+
+    @field_validator(*DURATION_BOUNDS)
+    @classmethod
+    def _duration(cls, value: float, info: ValidationInfo) -> float:
+        bounds = DURATION_BOUNDS[str(info.field_name)]
+        if not bounds.admits(value):
+            raise ValueError(bounds.describe())
+        return value
 
     @field_validator("sweep_time_zone")
     @classmethod
@@ -814,11 +883,76 @@ __all__ = ["redact_url"]  # re-exported: callers print the URL through config's 
 def read_secret_file(field: str, path: object) -> str:
     """The text of a ``*_FILE`` setting's file; a failure names the setting, not the content."""
     try:
-        return Path(str(path)).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        return read_setting_file(Path(str(path))).decode("utf-8")
+    except (OSError, ValueError, _NotASettingFile) as exc:  # UnicodeDecodeError is a ValueError
         raise ConfigError(
-            f"invalid configuration: {env_name(field)}: cannot read {path}: {reason}"
+            f"invalid configuration: {env_name(field)}: cannot read {path}: {_reason(exc)}"
+        ) from None
+
+
+class _NotASettingFile(Exception):
+    """What was opened is not a regular file of at most SETTING_FILE_MAX_BYTES."""
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_setting_file(path: Path) -> bytes:
+    """The bytes of a regular file of at most :data:`SETTING_FILE_MAX_BYTES` (symlinks followed,
+    as Kubernetes mounts secrets).
+
+    Opened without blocking (a FIFO with no writer would otherwise hold the start for ever) and
+    judged by ``fstat`` of what was opened, not of the name; read up to one byte past the cap, so
+    that a device that never ends (``/dev/zero``) or a file growing meanwhile costs no more.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+            raise _NotASettingFile(f"it is {kind}, not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= SETTING_FILE_MAX_BYTES:
+            chunk = os.read(fd, SETTING_FILE_MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > SETTING_FILE_MAX_BYTES:
+            raise _NotASettingFile(f"larger than {SETTING_FILE_MAX_BYTES // 1024} KiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, ValueError):  # os.open: a NUL in the name
+        return "not a valid file name"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return str(exc)
+
+
+def check_dotenv(path: Path = Path(".env")) -> None:
+    """``.env`` in the working directory, if there is one, is a regular file within the cap:
+    pydantic-settings reads it whole, and would block on a FIFO or read a device for ever."""
+    try:
+        read_setting_file(path)
+    except FileNotFoundError:
+        return
+    except (OSError, _NotASettingFile) as exc:
+        raise ConfigError(
+            f"invalid configuration: .env in {Path.cwd()}: {_reason(exc)}; remove it or make "
+            "it a file of settings"
         ) from None
 
 
@@ -875,6 +1009,7 @@ def redact_properties(props: dict[str, str]) -> dict[str, str]:
 
 def load_settings(**overrides: Any) -> Settings:
     """Build Settings from env/.env plus explicit overrides; invalid input -> one ConfigError."""
+    check_dotenv()
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:

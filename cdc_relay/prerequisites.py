@@ -31,7 +31,13 @@ from cdc_relay.checkpoint import (
 )
 from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
-from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
+from cdc_relay.errors import (
+    ConfigError,
+    PositionMismatch,
+    RelayError,
+    SlotInUse,
+    SourceSetupError,
+)
 from cdc_relay.lsn import format_lsn
 from cdc_relay.publication_filter import find_mismatch, row_filters_supported
 from cdc_relay.replication.failover import describe, promotion_note
@@ -55,6 +61,9 @@ ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "character varying", "bytea"})
 CONDITION_TYPES = frozenset({"text", "character varying"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
+# PostgreSQL's first OID of objects created after initdb: a collation at or above it is
+# user-defined, which a publication's row filter may not use.
+FIRST_NORMAL_OBJECT_ID = 16384
 
 
 class Unmet(Exception):
@@ -256,6 +265,9 @@ class Prerequisites:
                 problems.append(key.problem)
         if problems:
             raise Unmet("; ".join(problems))
+        collations = self._condition_collations(table)
+        if collations:
+            raise Unmet("; ".join(collations), ConfigError)
         return "all mapped columns present"
 
     def _column_types(self, table: OutboxTable) -> dict[str, str]:
@@ -281,6 +293,57 @@ class Prerequisites:
                     problems.append(
                         f"the {setting} compares column {column} as text, but it is {kind}: "
                         f"conditions take {' or '.join(sorted(CONDITION_TYPES))} columns"
+                    )
+        return problems
+
+    def _condition_collations(self, table: OutboxTable) -> list[str]:
+        """The conditions' columns have collations the relay and PostgreSQL compare alike.
+
+        The relay compares a condition's text byte for byte, as PostgreSQL does under any
+        deterministic collation; under a nondeterministic one (case-insensitive, say) the
+        publication and the sweeper's DELETE would take other spellings as equal. And PostgreSQL
+        15+ refuses a user-defined collation in a publication's row filter.
+        """
+        conditions = [("row filter", table.filter), ("sweep condition", table.sweep_filter)]
+        columns = {c for _, cond in conditions if cond is not None for c in cond.columns}
+        oid = relation_oid(self.conn, table) if columns else None
+        if oid is None:
+            return []
+        rows = self.conn.execute(
+            "SELECT a.attname, n.nspname, c.collname, c.collisdeterministic, c.oid >= %s, "
+            "format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "JOIN pg_collation c ON c.oid = a.attcollation "
+            "JOIN pg_namespace n ON n.oid = c.collnamespace "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND a.attname = ANY(%s)",
+            (FIRST_NORMAL_OBJECT_ID, oid, sorted(columns)),
+        ).fetchall()
+        found = {
+            str(r[0]): (sql_name(str(r[1]), str(r[2])), bool(r[3]), bool(r[4]), str(r[5]))
+            for r in rows
+        }
+        published = row_filters_supported(self.conn)
+        problems: list[str] = []
+        for setting, condition in conditions:
+            for column in condition.columns if condition is not None else ():
+                if column not in found:
+                    continue  # not a collatable column: the type check says so
+                collation, deterministic, user_defined, kind = found[column]
+                fix = (
+                    f"ALTER TABLE {table.sql_name} ALTER COLUMN {sql_name(column)} TYPE {kind} "
+                    'COLLATE "C" (or "default"), or a condition on another column'
+                )
+                if not deterministic:
+                    problems.append(
+                        f"the {setting} compares column {column} byte for byte, but its "
+                        f"collation {collation} is nondeterministic: PostgreSQL would take other "
+                        f"spellings as equal. Give it a deterministic collation: {fix}"
+                    )
+                elif user_defined and published and setting == "row filter":
+                    problems.append(
+                        f"the row filter compares column {column}, whose collation {collation} "
+                        "is user-defined: PostgreSQL refuses it in a publication's row filter. "
+                        f"Give it a built-in collation: {fix}"
                     )
         return problems
 
@@ -312,6 +375,7 @@ class Prerequisites:
                     f"column {column} is {kind}; expected one of {', '.join(sorted(allowed))}"
                 )
         problems += self._condition_columns(table, types)
+        problems += self._condition_collations(table)
         if self.settings.sweep_interval > 0:
             key = resolve_row_key(self.conn, table)
             if key.problem is not None:

@@ -13,7 +13,8 @@ Used for the row filter (which outbox rows are relayed at all) and for the sweep
 
 Keywords are case-insensitive. The columns must be ``text`` or ``varchar`` (checked at start):
 values are compared as text, which PostgreSQL and the relay then agree on (a ``boolean`` or
-``numeric`` has several spellings of one value). NULL matches nothing but ``IS NULL``, as in SQL.
+``numeric`` has several spellings of one value) — byte for byte, so the columns' collations must
+be deterministic (checked at start too). NULL matches nothing but ``IS NULL``, as in SQL.
 
 A parsed :class:`Condition` renders itself with :class:`psycopg.sql.Identifier` and
 :class:`psycopg.sql.Literal` only, and evaluates itself on a decoded row (for wal2json, which

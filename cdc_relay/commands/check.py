@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from cdc_relay.commands.output import print_line
 from cdc_relay.config import MissingTopics, Settings, redact_url
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config
@@ -25,8 +26,9 @@ EXIT_CHECK_FAILED = 1
 BROKER_TIMEOUT = 5.0
 
 
-def check(settings: Settings, out: Output = print) -> int:
-    """Run every check, print one line each; 0 when all passed."""
+def check(settings: Settings, out: Output = print_line) -> int:
+    """Run every check, print one line each (escaped: details quote what the database holds,
+    such as the lease's holder); 0 when all passed."""
     lines = run_checks(settings, lambda line: out(str(line)))
     return 0 if all(line.ok for line in lines) else EXIT_CHECK_FAILED
 
@@ -140,7 +142,27 @@ def _topics(settings: Settings, metadata: Any) -> str:
             "CDC_RELAY_MISSING_TOPICS=create"
         )
     later = [f"{name} is created when first needed" for name in absent]
-    return "; ".join(present + later)
+    return "; ".join(present + later + _created_topics(settings, templates))
+
+
+def _created_topics(settings: Settings, templates: set[str]) -> list[str]:
+    """How many topics rows can have the relay create: the cap counts per process (afresh at
+    each start), so only the allow-list bounds them for good."""
+    limit = settings.max_created_topics
+    from_rows = any(
+        name for template in templates for _, name, _, _ in string.Formatter().parse(template)
+    ) or any(t.columns.topic or t.columns.topic_from for t in settings.tables())
+    if settings.missing_topics is not MissingTopics.CREATE or not limit or not from_rows:
+        return []
+    if settings.topic_allowlist is None:
+        return [
+            f"rows choose topics, and each run of the relay creates up to {limit} new ones "
+            "(CDC_RELAY_MAX_CREATED_TOPICS counts per process, afresh at each start): set "
+            "CDC_RELAY_TOPIC_ALLOWLIST to bound them for good"
+        ]
+    return [
+        f"new topics only as CDC_RELAY_TOPIC_ALLOWLIST allows, up to {limit} per run of the relay"
+    ]
 
 
 def _kafka_reason(error: Any) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot
+from cdc_relay.commands.output import print_line
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings
 from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
@@ -40,7 +41,7 @@ class _SetupFailed(Exception):
         self.exit_code = exit_code
 
 
-def setup(settings: Settings, create_outbox: bool = False, out: Output = print) -> int:
+def setup(settings: Settings, create_outbox: bool = False, out: Output = print_line) -> int:
     """Create what is missing; one line per item. Returns the exit code."""
     try:
         if create_outbox and not _default_outbox(settings):

@@ -8,6 +8,7 @@ endpoint — the same counters ``/metrics`` exports.
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -17,9 +18,13 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.checkpoint import LEASE_TABLE, STATE_TABLE
+from cdc_relay.commands.output import printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
 from cdc_relay.replication.source import connect
+
+STATUS_TIMEOUT = 3.0  # seconds for the whole /status answer
+STATUS_MAX_BYTES = 1 << 20  # a real answer is a few hundred bytes
 
 
 def database_status(settings: Settings) -> dict[str, Any]:
@@ -83,9 +88,21 @@ def relay_status(port: int, host: str = "127.0.0.1") -> dict[str, Any] | None:
     """The running relay's live counters, or None when it does not answer."""
     if not port:
         return None
+    deadline = time.monotonic() + STATUS_TIMEOUT
+    body = bytearray()
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=3) as response:
-            data = orjson.loads(response.read())
+        # Whatever answers on that port is read for a bounded time and size: a process that
+        # is not the relay may send an endless or slow answer.
+        url = f"http://{host}:{port}/status"
+        with urllib.request.urlopen(url, timeout=STATUS_TIMEOUT) as response:
+            while len(body) <= STATUS_MAX_BYTES and time.monotonic() < deadline:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                body += chunk
+            else:
+                return None
+        data = orjson.loads(body)
     except (urllib.error.URLError, OSError, orjson.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
@@ -95,14 +112,16 @@ def main(settings: Settings, relay_host: str = "127.0.0.1") -> int:
     try:
         database = database_status(settings)
     except SourceError as exc:
-        print(f"database: {exc}")
+        print(f"database: {printable(exc)}")
         return exc.exit_code
+    # Every value (and the keys of /status, which any process on that port may answer) is
+    # printed escaped: a lease holder or a role name may hold newlines and terminal escapes.
     for key, value in database.items():
-        print(f"{key}: {value}")
+        print(f"{key}: {printable(value)}")
     live = relay_status(settings.http_port, relay_host)
     if live is None:
         print(f"relay: not answering on port {settings.http_port} (not running, or elsewhere)")
     else:
         for key, value in live.items():
-            print(f"relay.{key}: {value}")
+            print(f"relay.{printable(key, 100)}: {printable(value)}")
     return 0 if database["slot_exists"] else 1
