@@ -8,10 +8,19 @@ waiting longest for its request, so idle connections cannot lock out a probe. Co
 to a small pool of workers (answering ``/readyz`` may wait for Kafka), which write the answer and
 close: one request per connection. Handlers only read :class:`RelayStats` and ask the relay
 whether it is ready, so a slow scrape never blocks the relay's loop.
+
+Nothing a client does may end the server thread or close the listening socket. A connection
+closed in the middle of a ``select()`` batch (evicted by an accept, say) still has its events in
+that batch: they are skipped, since only connections still waiting are read. Whatever raises while
+serving one connection closes that connection only; whatever raises in the loop itself is logged
+(at most once per :data:`_COMPLAINT_INTERVAL`) and the loop carries on with a fresh selector
+(and a fresh listener on the same address, should the old one ever be closed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import selectors
 import socket
@@ -21,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 
 import orjson
 
@@ -41,6 +51,10 @@ LISTEN_BACKLOG = 1024
 WORKERS = 4
 _TICK = 0.25  # how often deadlines are checked
 _ACCEPT_PAUSE = 0.5  # after the process ran out of file descriptors
+_COMPLAINT_INTERVAL = 10.0  # seconds between two log lines about failures in the server
+_FAILURE_PAUSE = 0.05  # after the loop failed: a fault that repeats does not spin the CPU
+# accept() errors about one client (it left before it was accepted), not about the process.
+_CLIENT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 _PATHS = ["/healthz", "/readyz", "/metrics", "/status"]
 
 ReadinessCheck = Callable[[], tuple[bool, str]]
@@ -75,14 +89,15 @@ class HealthServer:
             family, _, _, _, address = socket.getaddrinfo(
                 host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0]
-            self._listener = socket.create_server(address, family=family, backlog=LISTEN_BACKLOG)
+            self._listener = _listen(address, family)
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve health and metrics on {host} port {port}: "
                 f"{exc.strerror or exc}. Choose another CDC_RELAY_HTTP_PORT (0 disables it) "
                 "or CDC_RELAY_HTTP_HOST"
             ) from None
-        self._listener.setblocking(False)
+        self._family = family
+        self._address = self._listener.getsockname()  # the port chosen, when 0 was asked for
         self._host = host
         self._selector = selectors.DefaultSelector()
         self._wake_reader, self._wake_writer = socket.socketpair()
@@ -93,6 +108,9 @@ class HealthServer:
         self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="cdc-relay-http-worker")
         self._stopping = False
         self._accept_paused_until = 0.0
+        self._complaints = threading.Lock()  # the loop and the workers complain
+        self._last_complaint = float("-inf")
+        self._unreported = 0  # failures since the last complaint
         self._thread = threading.Thread(target=self._serve, name="cdc-relay-http", daemon=True)
 
     @property
@@ -140,17 +158,39 @@ class HealthServer:
     # -- the server thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
-        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
-        self._selector.register(self._wake_reader, selectors.EVENT_READ, "wake")
+        try:
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+            self._selector.register(self._wake_reader, selectors.EVENT_READ, "wake")
+        except Exception:
+            self._complain("http server cannot watch its sockets; starting afresh")
+            self._recover()
         while not self._stopping:
-            for key, _ in self._selector.select(_TICK):
-                if key.data == "accept":
-                    self._accept()
-                elif key.data == "wake":
-                    continue  # stop() wants the loop to look at _stopping
-                else:
-                    self._read(key.fileobj)  # type: ignore[arg-type]
-            self._expire()
+            try:
+                self._serve_once()
+            except Exception:
+                self._complain("http server loop failed; serving on")
+                time.sleep(_FAILURE_PAUSE)
+                self._recover()
+
+    def _serve_once(self) -> None:
+        for key, _ in self._selector.select(_TICK):
+            if key.data == "accept":
+                self._accept()
+            elif key.data == "wake":
+                with contextlib.suppress(OSError):
+                    self._wake_reader.recv(64)
+            else:
+                self._serve_connection(key.fileobj)  # type: ignore[arg-type]
+        self._expire()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        if conn not in self._waiting:
+            return  # closed earlier in this batch (evicted): what it sent no longer matters
+        try:
+            self._read(conn)
+        except Exception:
+            self._complain("http connection failed; closed")
+            self._close(conn)
 
     def _accept(self) -> None:
         for _ in range(self._max_connections):
@@ -159,19 +199,27 @@ class HealthServer:
             except BlockingIOError:
                 return
             except OSError as exc:
+                if exc.errno in _CLIENT_GONE:
+                    continue
                 # Out of file descriptors (EMFILE/ENFILE): stop accepting for a moment rather
                 # than spin on a listener that stays readable.
                 log.warning("http server cannot accept", extra={"fields": {"error": str(exc)}})
-                self._selector.unregister(self._listener)
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(self._listener)
                 self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
                 return
             if self.open_connections >= self._max_connections and not self._evict_oldest():
                 conn.close()  # every slot is being answered: this client tries again
                 continue
-            conn.setblocking(False)
+            try:
+                conn.setblocking(False)
+                self._selector.register(conn, selectors.EVENT_READ, "read")
+            except Exception:
+                self._complain("http connection cannot be watched; closed")
+                conn.close()
+                continue
             with self._lock:
                 self._waiting[conn] = _Waiting(time.monotonic())
-            self._selector.register(conn, selectors.EVENT_READ, "read")
 
     def _evict_oldest(self) -> bool:
         if not self._waiting:
@@ -200,22 +248,67 @@ class HealthServer:
         with self._lock:
             del self._waiting[conn]
             self._answering += 1
-        self._workers.submit(self._answer, conn, bytes(head))
+        try:
+            self._workers.submit(self._answer, conn, bytes(head))
+        except Exception:  # the pool is shut down: the server is stopping
+            conn.close()
+            with self._lock:
+                self._answering -= 1
 
     def _expire(self) -> None:
         now = time.monotonic()
+        if self._listener.fileno() == -1 and not self._stopping:
+            self._recover()
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
-            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+            with contextlib.suppress(KeyError):  # watched already
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         for conn, waiting in list(self._waiting.items()):
             if now - waiting.since > self._request_timeout:
                 self._close(conn)
 
     def _close(self, conn: socket.socket) -> None:
-        self._selector.unregister(conn)
+        """Forget ``conn`` and close it, once: unwatched before closed, so no stale descriptor
+        is left in the selector (a closed socket's number is reused by the next accept)."""
         with self._lock:
-            del self._waiting[conn]
+            self._waiting.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):  # not watched (any more)
+            self._selector.unregister(conn)
         conn.close()
+
+    def _recover(self) -> None:
+        """After a failure of the loop: a fresh selector watching what is sound, a listener."""
+        try:
+            if self._listener.fileno() == -1 and not self._stopping:
+                self._listener = _listen(self._address, self._family)
+                log.warning("http server listening again", extra={"fields": {"port": self.port}})
+            selector = selectors.DefaultSelector()
+            selector.register(self._wake_reader, selectors.EVENT_READ, "wake")
+            selector.register(self._listener, selectors.EVENT_READ, "accept")
+            self._accept_paused_until = 0.0
+            for conn in list(self._waiting):
+                try:
+                    selector.register(conn, selectors.EVENT_READ, "read")
+                except Exception:  # closed or broken: gone
+                    with self._lock:
+                        self._waiting.pop(conn, None)
+                    conn.close()
+            old, self._selector = self._selector, selector
+            with contextlib.suppress(Exception):
+                old.close()
+        except Exception:
+            self._complain("http server cannot recover yet; trying again")
+
+    def _complain(self, message: str) -> None:
+        """Log the failure being handled, at most once per _COMPLAINT_INTERVAL."""
+        with self._complaints:
+            self._unreported += 1
+            now = time.monotonic()
+            if now - self._last_complaint < _COMPLAINT_INTERVAL:
+                return
+            failures, self._unreported = self._unreported, 0
+            self._last_complaint = now
+        log.warning(message, exc_info=True, extra={"fields": {"failures": failures}})
 
     # -- the workers ----------------------------------------------------------------------------
 
@@ -242,10 +335,18 @@ class HealthServer:
             conn.sendall(response if method == "HEAD" else response + body)
         except OSError:
             pass  # the client left or was too slow to take the answer
+        except Exception:  # a bug must not take the worker, nor leave the connection open
+            self._complain("http answer failed")
         finally:
             conn.close()
             with self._lock:
                 self._answering -= 1
+
+
+def _listen(address: tuple[Any, ...], family: socket.AddressFamily) -> socket.socket:
+    listener = socket.create_server(address, family=family, backlog=LISTEN_BACKLOG)
+    listener.setblocking(False)
+    return listener
 
 
 def _request_line(head: bytes) -> tuple[str, str]:
