@@ -2,11 +2,14 @@
 
 HTTP clients are strangers: the server must never let them take the file descriptors, threads or
 CPU the relay needs. One thread owns every connection through a selector: it accepts, reads the
-request head (at most :data:`MAX_REQUEST_BYTES`, within :data:`REQUEST_TIMEOUT`), and holds at
-most ``max_connections`` sockets open; when full, a new connection evicts the one that has been
-waiting longest for its request, so idle connections cannot lock out a probe. Complete requests go
-to a small pool of workers (answering ``/readyz`` may wait for Kafka), which write the answer and
-close: one request per connection. Handlers only read :class:`RelayStats` and ask the relay
+request head (at most :data:`MAX_REQUEST_BYTES`, within :data:`REQUEST_TIMEOUT`), and keeps at
+most ``max_connections`` sockets waiting for their request; when full, a new connection evicts the
+one that has been waiting longest, so idle connections cannot lock out a probe. ``/readyz``,
+``/metrics`` and ``/status`` go to a small pool of workers (answering ``/readyz`` may wait for
+Kafka), at most ``max_connections`` of them at once (more are answered 503 at once); everything
+else (``/healthz``, a 404, a refusal) is answered by the server thread itself, a few hundred bytes
+into a fresh socket's buffer, so a flood of slow requests cannot lock out a liveness probe
+either. One request per connection. Handlers only read :class:`RelayStats` and ask the relay
 whether it is ready, so a slow scrape never blocks the relay's loop.
 
 Nothing a client does may end the server thread or close the listening socket. A connection
@@ -40,7 +43,7 @@ from cdc_relay.observability.stats import RelayStats
 log = logging.getLogger(__name__)
 
 LIVENESS_TIMEOUT = 30.0  # seconds without a main-loop iteration before /healthz fails
-MAX_CONNECTIONS = 64  # open HTTP sockets at most, whatever clients do
+MAX_CONNECTIONS = 64  # HTTP sockets waiting for a request at most, and as many being answered
 REQUEST_TIMEOUT = 5.0  # seconds a client has to send its request line and headers
 WRITE_TIMEOUT = 5.0  # seconds a client has to take the answer
 MAX_REQUEST_BYTES = 8192
@@ -56,6 +59,7 @@ _FAILURE_PAUSE = 0.05  # after the loop failed: a fault that repeats does not sp
 # accept() errors about one client (it left before it was accepted), not about the process.
 _CLIENT_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 _PATHS = ["/healthz", "/readyz", "/metrics", "/status"]
+_ANSWERED_BY_WORKERS = frozenset({"/readyz", "/metrics", "/status"})
 
 ReadinessCheck = Callable[[], tuple[bool, str]]
 
@@ -208,9 +212,8 @@ class HealthServer:
                     self._selector.unregister(self._listener)
                 self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
                 return
-            if self.open_connections >= self._max_connections and not self._evict_oldest():
-                conn.close()  # every slot is being answered: this client tries again
-                continue
+            if len(self._waiting) >= self._max_connections:
+                self._evict_oldest()
             try:
                 conn.setblocking(False)
                 self._selector.register(conn, selectors.EVENT_READ, "read")
@@ -245,11 +248,21 @@ class HealthServer:
                 self._close(conn)
             return
         self._selector.unregister(conn)
+        method, path = _request_line(bytes(head))
         with self._lock:
             del self._waiting[conn]
-            self._answering += 1
+            to_workers = method in ("GET", "HEAD") and path in _ANSWERED_BY_WORKERS
+            busy = to_workers and self._answering >= self._max_connections
+            if to_workers and not busy:
+                self._answering += 1
+        if not to_workers or busy:
+            # A few hundred bytes: a fresh socket's send buffer takes them whole, at once.
+            with contextlib.suppress(OSError):
+                conn.send(_busy() if busy else self._response(method, path))
+            conn.close()
+            return
         try:
-            self._workers.submit(self._answer, conn, bytes(head))
+            self._workers.submit(self._answer, conn, method, path)
         except Exception:  # the pool is shut down: the server is stopping
             conn.close()
             with self._lock:
@@ -312,27 +325,11 @@ class HealthServer:
 
     # -- the workers ----------------------------------------------------------------------------
 
-    def _answer(self, conn: socket.socket, head: bytes) -> None:
+    def _answer(self, conn: socket.socket, method: str, path: str) -> None:
         try:
             conn.setblocking(True)
             conn.settimeout(WRITE_TIMEOUT)
-            method, path = _request_line(head)
-            if not method:
-                status, content_type, body = _json(400, {"error": "not an HTTP request"})
-            elif method not in ("GET", "HEAD"):
-                status, content_type, body = _json(405, {"error": "GET only"})
-            else:
-                try:
-                    status, content_type, body = self.respond(path)
-                except Exception:  # a bug in a handler must not kill the worker
-                    log.exception("http handler failed", extra={"fields": {"path": path}})
-                    status, content_type, body = _json(500, {"error": "internal error"})
-            reason = HTTPStatus(status).phrase
-            response = (
-                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode()
-            conn.sendall(response if method == "HEAD" else response + body)
+            conn.sendall(self._response(method, path))
         except OSError:
             pass  # the client left or was too slow to take the answer
         except Exception:  # a bug must not take the worker, nor leave the connection open
@@ -341,6 +338,31 @@ class HealthServer:
             conn.close()
             with self._lock:
                 self._answering -= 1
+
+    def _response(self, method: str, path: str) -> bytes:
+        if not method:
+            status, content_type, body = _json(400, {"error": "not an HTTP request"})
+        elif method not in ("GET", "HEAD"):
+            status, content_type, body = _json(405, {"error": "GET only"})
+        else:
+            try:
+                status, content_type, body = self.respond(path)
+            except Exception:  # a bug in a handler must not kill the worker
+                log.exception("http handler failed", extra={"fields": {"path": path}})
+                status, content_type, body = _json(500, {"error": "internal error"})
+        return _http(status, content_type, b"" if method == "HEAD" else body, len(body))
+
+
+def _busy() -> bytes:
+    status, content_type, body = _json(503, {"error": "busy, try again"})
+    return _http(status, content_type, body, len(body))
+
+
+def _http(status: int, content_type: str, body: bytes, length: int) -> bytes:
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
 
 
 def _listen(address: tuple[Any, ...], family: socket.AddressFamily) -> socket.socket:
