@@ -207,7 +207,7 @@ class HealthServer:
                     continue
                 # Out of file descriptors (EMFILE/ENFILE): stop accepting for a moment rather
                 # than spin on a listener that stays readable.
-                log.warning("http server cannot accept", extra={"fields": {"error": str(exc)}})
+                self._complain("http server cannot accept; pausing")
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(self._listener)
                 self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
@@ -224,12 +224,9 @@ class HealthServer:
             with self._lock:
                 self._waiting[conn] = _Waiting(time.monotonic())
 
-    def _evict_oldest(self) -> bool:
-        if not self._waiting:
-            return False
-        oldest = min(self._waiting, key=lambda conn: self._waiting[conn].since)
-        self._close(oldest)
-        return True
+    def _evict_oldest(self) -> None:
+        if self._waiting:
+            self._close(min(self._waiting, key=lambda conn: self._waiting[conn].since))
 
     def _read(self, conn: socket.socket) -> None:
         try:
