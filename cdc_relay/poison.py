@@ -33,6 +33,7 @@ from cdc_relay.errors import (
     SinkUnavailable,
     StopSession,
 )
+from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.publisher import (
     DeliveryCallback,
@@ -47,7 +48,6 @@ from cdc_relay.watermark import PendingTransaction
 log = logging.getLogger(__name__)
 
 MALFORMED = "MALFORMED_OUTBOX_ROW"  # error code of a row that breaks the outbox contract
-LOG_TEXT_LIMIT = 1024  # characters of a row-supplied text in a log line
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +128,7 @@ class PoisonPolicyHandler:
             "event_id": cut(refused.event_id),
             "table": refused.table,
             "commit_lsn": commit_lsn,
-            "topic": refused.topic,
+            "topic": cut(refused.topic),
             "error": cut(refused.reason),
         }
         trace_id = _trace_id(refused.headers)
@@ -140,8 +140,8 @@ class PoisonPolicyHandler:
             self._fail(
                 PoisonRecordError(
                     f"Kafka refused event {cut(refused.event_id)} of {refused.table} at commit "
-                    f"{commit_lsn} for topic {refused.topic!r}: {cut(refused.reason)}. The relay "
-                    "stopped without confirming past it (CDC_RELAY_POISON_POLICY=stop)"
+                    f"{commit_lsn} for topic {cut(refused.topic)!r}: {cut(refused.reason)}. "
+                    "The relay stopped without confirming past it (CDC_RELAY_POISON_POLICY=stop)"
                 )
             )
             raise StopSession
@@ -224,11 +224,6 @@ class PoisonPolicyHandler:
             )
         )
         raise StopSession from None
-
-
-def cut(text: str | None, limit: int = LOG_TEXT_LIMIT) -> str | None:
-    """A row-supplied text for a log line: a row cannot make the line megabytes long."""
-    return text if text is None or len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def _delivered(

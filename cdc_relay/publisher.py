@@ -25,6 +25,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from cdc_relay.config import env_name, is_secret_property, legal_topic
 from cdc_relay.errors import ConfigError, SinkUnavailable
+from cdc_relay.logs import cut
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
 
@@ -334,7 +335,7 @@ class Publisher:
             # rejects such names, and a topic that exists under an illegal name helps nobody.
             raise ProduceRefused(
                 KafkaError.TOPIC_EXCEPTION,
-                f"invalid topic name {topic!r}: Kafka allows 1-249 of [a-zA-Z0-9._-]",
+                f"invalid topic name {cut(topic)!r}: Kafka allows 1-249 of [a-zA-Z0-9._-]",
             )
         try:
             metadata = self._producer.list_topics(timeout=METADATA_TIMEOUT)

@@ -49,6 +49,7 @@ from cdc_relay.errors import (
     SourceUnavailable,
     StopSession,
 )
+from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
@@ -388,7 +389,7 @@ class Session:
             self.refuse_unmapped(mapping, source, txn, str(malformed), event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
-            reason = f"the row cannot be mapped: {type(exc).__name__}: {exc}"
+            reason = f"the row cannot be mapped: {type(exc).__name__}: {cut(str(exc))}"
             self.refuse_unmapped(mapping, source, txn, reason, None, position=position)
             return
         topic, key, value, headers, event_id, traceparent = record

@@ -21,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
 from cdc_relay.config import MissingTopics, Settings
+from cdc_relay.logs import cut
 from cdc_relay.publisher import ProduceRefused
 
 _T = TypeVar("_T")
@@ -60,13 +61,13 @@ class TopicRules:
         """``topic`` exists (or was created) and may be used; ProduceRefused when not."""
         if event and self._allowlist is not None and not self._allowlist.fullmatch(topic):
             raise ProduceRefused.policy(
-                f"topic {topic!r} is not allowed by CDC_RELAY_TOPIC_ALLOWLIST"
+                f"topic {cut(topic)!r} is not allowed by CDC_RELAY_TOPIC_ALLOWLIST"
             )
 
         def may_create() -> None:
             if event and len(self.created) >= self._limit:
                 raise ProduceRefused.policy(
-                    f"topic {topic!r} does not exist, and the relay has created the "
+                    f"topic {cut(topic)!r} does not exist, and the relay has created the "
                     f"{self._limit} topics CDC_RELAY_MAX_CREATED_TOPICS allows: create it "
                     "yourself, or raise the limit"
                 )
