@@ -34,6 +34,7 @@ from cdc_relay.column_transform import ColumnTransform, compile_transform
 from cdc_relay.connection_defaults import source_url
 from cdc_relay.database_url import redact_url
 from cdc_relay.errors import ConfigError
+from cdc_relay.reserved_headers import reserved as reserved_header
 from cdc_relay.row_filter import Condition, ConditionError
 from cdc_relay.row_filter import parse as parse_condition
 
@@ -283,6 +284,14 @@ class OutboxColumns(BaseModel):
         names = [alias for _, _, alias in envelope]
         if "payload" in names or len(set(names)) != len(names):
             raise ValueError("envelope fields must be distinct and not named payload")
+        headers = [alias for _, place, alias in self.placements if place is Placement.HEADER]
+        for name in (*self.header_columns, *headers):
+            if reserved_header(name):
+                raise ValueError(
+                    f"header {name!r} (header_columns, additional_placement) is a name the relay "
+                    "sets itself (id, event_type, aggregate_type, cdc_relay.*, in any case): "
+                    "place it under an alias"
+                )
         return self
 
     @field_validator("row_key")

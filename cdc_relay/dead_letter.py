@@ -4,7 +4,9 @@ A refused record goes to the dead-letter topic with as much of it as fits: first
 value, its headers and the ``cdc_relay.*`` metadata), then without the value, then without its
 headers, and last as metadata only (no key, metadata values cut short). Each step records what it
 dropped and how large it was (``cdc_relay.value_size``, ``cdc_relay.headers_size``, ...), so the
-copy still says which row it stands for; the row itself is still in the outbox table.
+copy still says which row it stands for; the row itself is still in the outbox table. The
+metadata is never dropped, only cut: what must survive every form (the relay's
+``cdc_relay.position``, by which a start knows the copy for its own) belongs there.
 """
 
 from __future__ import annotations

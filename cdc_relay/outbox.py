@@ -4,7 +4,8 @@ The contract: topic = the template applied to the row; key = ``aggregate_id`` (U
 ``payload`` (a ``jsonb``/``json`` column's text, already valid JSON, passed through unparsed; a
 ``text`` column's text once it is checked to be JSON; a ``bytea`` column's bytes); headers ``id``,
 ``event_type``, ``aggregate_type``, then each top-level entry of the ``headers`` column (strings as
-they are, other JSON values as their JSON text, exactly as PostgreSQL printed it). A row that
+they are, other JSON values as their JSON text, exactly as PostgreSQL printed it; a name the relay
+sets itself, :mod:`cdc_relay.reserved_headers`, refuses the row). A row that
 cannot be mapped raises :class:`MalformedEvent`, which the relay dead-letters, never drops; the
 mapping raises nothing else (header names librdkafka cannot take are refused here, before it sees
 them).
@@ -22,6 +23,7 @@ from mypy_extensions import mypyc_attr
 
 from cdc_relay.config import OutboxColumns
 from cdc_relay.decode.messages import Relation, TupleData, UnchangedToast
+from cdc_relay.reserved_headers import reserved
 
 DEFAULT_COLUMNS = OutboxColumns()
 
@@ -302,6 +304,8 @@ def _header_entries_of(text: str, event_id: str) -> list[tuple[str, bytes]]:
         pos = _skip_space(text, pos)
         if not isinstance(name, str) or not text.startswith(":", pos):
             raise ValueError("expected a key")
+        if reserved(name):
+            _refuse_reserved(name, event_id)
         pos = _skip_space(text, pos + 1)
         value, end = _JSON.raw_decode(text, pos)
         entries.append((name, value.encode() if isinstance(value, str) else text[pos:end].encode()))
@@ -315,6 +319,14 @@ def _header_entries_of(text: str, event_id: str) -> list[tuple[str, bytes]]:
 
 _JSON = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _refuse_reserved(name: str, event_id: str | None) -> NoReturn:
+    raise MalformedEvent(
+        f"header name {name[:1024]!r} is reserved: the relay sets it itself (id, event_type, "
+        "aggregate_type, cdc_relay.*, in any case)",
+        event_id,
+    )
 
 
 def check_headers(headers: list[tuple[str, bytes]], event_id: str | None) -> None:
@@ -476,6 +488,9 @@ class MessageMapping:
                 (name, value.encode() if isinstance(value, str) else _dumps(value, event_id))
                 for name, value in extra.items()
             ]
+            for name, _ in entries:
+                if reserved(name):
+                    _refuse_reserved(name, event_id)
             if b"\\u" in content:  # only an escape can put a NUL in a decoded name
                 check_headers(entries, event_id)
             headers.extend(entries)

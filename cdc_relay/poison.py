@@ -5,7 +5,8 @@ librdkafka or the broker refuses permanently (too large, invalid topic, a topic 
 refuse) — ends in exactly one of two ways, chosen by ``CDC_RELAY_POISON_POLICY``:
 
 - ``dead_letter``: a copy goes to ``CDC_RELAY_DEAD_LETTER_TOPIC`` with the ``cdc_relay.*``
-  metadata headers, as much of the record as fits (:mod:`cdc_relay.dead_letter` shrinks it); its
+  metadata headers (``cdc_relay.position`` among them, kept in every form), as much of the record
+  as fits (:mod:`cdc_relay.dead_letter` shrinks it); its
   acknowledgement takes over the pending delivery of the original, so the position moves past the
   row only once the copy is in Kafka. It is logged when refused, and again once acknowledged.
 - ``stop``: the row's transaction is held open for good (the watermark never passes it), the
@@ -43,6 +44,7 @@ from cdc_relay.publisher import (
     TransactionCallback,
     error_name,
 )
+from cdc_relay.reconcile import POSITION_HEADER
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -145,10 +147,14 @@ class PoisonPolicyHandler:
                 )
             )
             raise StopSession
+        # The position is the relay's, not the record's: metadata, which no shrinking drops, so
+        # that the read-back at a start still knows the copy for this relay's (and its event).
+        own = [(n, v) for n, v in refused.headers if n != POSITION_HEADER]
+        position = [(n, v) for n, v in refused.headers if n == POSITION_HEADER][-1:]
         letter = DeadLetter.of(
             refused.key,
             refused.value,
-            refused.headers,
+            own,
             [
                 (ERROR_HEADER, text_bytes(refused.reason)),
                 ("cdc_relay.error_code", text_bytes(refused.code)),
@@ -156,6 +162,7 @@ class PoisonPolicyHandler:
                 ("cdc_relay.table", text_bytes(refused.table)),
                 ("cdc_relay.event_id", text_bytes(refused.event_id or "")),
                 ("cdc_relay.topic", text_bytes(refused.topic or "")),
+                *position,
             ],
         )
         if refused.too_large:

@@ -17,10 +17,13 @@ from tests.conftest import KafkaBroker
 from tests.integration.hostile_support import create_tables, insert, outbox_tables_setting
 from tests.integration.relay_support import (
     RelayProcess,
+    create_outbox,
+    new_event,
     relay_env,
     scalar,
     slot_confirmed_lsn,
     wait_until,
+    write_transactions,
 )
 from tests.kafka_helpers import Record, consume_all
 
@@ -195,9 +198,50 @@ def test_a_row_whose_metadata_alone_is_too_large_stops_cleanly(
     finally:
         relay.close()
     assert code == 2, logs
-    # Without the value, without the headers (the relay's position header), metadata only.
-    assert logs.count("dead-letter record refused, sending a smaller one") == 3
+    # Without the value, then metadata only (a malformed row's copy has no headers of its own:
+    # the relay's position is metadata, which is cut but never dropped).
+    assert logs.count("dead-letter record refused, sending a smaller one") == 2
     assert "dead-letter topic" in logs
     assert "is unusable" in logs
     assert "poison record sent to the dead-letter topic" not in logs
     assert slot_confirmed_lsn(database, f"slot_{unique}") < end, logs
+
+
+def test_a_row_cannot_send_the_relays_own_header_names(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    order, dead_letter = f"{unique}.order", f"{unique}.dead_letter"
+    broker.create_topic(order, partitions=1)
+    broker.create_topic(dead_letter, partitions=1)
+    forged: list[dict[str, object]] = [
+        {"id": "someone-elses-event"},
+        {"tenant": "t1", "event_type": "payment_approved"},
+        {"aggregate_type": "payments"},
+        {"cdc_relay.position": f"slot_{unique}/0/1"},
+        {"cdc_relay.error": "nothing"},
+        {"ID": "someone-elses-event"},
+        {"Cdc_Relay.Position": "x"},
+    ]
+    bad = [new_event(headers=headers) for headers in forged]
+    good = new_event(
+        headers={"tenant": "t1", "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    )
+    relay = RelayProcess(relay_env(database, broker.bootstrap_servers, unique)).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [[*bad, good]])
+        events = consume_all(broker.bootstrap_servers, [order], 1, 30, grace=2.0)
+        letters = consume_all(broker.bootstrap_servers, [dead_letter], len(bad), 30)
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    for record in events:
+        names = [name for name, _ in record.headers]
+        for reserved in ("id", "event_type", "aggregate_type", "cdc_relay.position"):
+            assert names.count(reserved) == 1, record
+    assert [r.header("id") for r in events] == [good.id.encode()]
+    assert sorted(_by_event_id(letters)) == sorted(e.id for e in bad)
+    for letter in letters:
+        assert b"reserved" in (letter.header("cdc_relay.error") or b""), letter
+        assert letter.header("cdc_relay.error_code") == b"MALFORMED_OUTBOX_ROW"

@@ -934,3 +934,19 @@ def test_row_key_and_time_zone() -> None:
         **REQUIRED, outbox_columns={"row_key": ["a;b"]}
     )
     assert "CDC_RELAY_SWEEP_TIME_ZONE" in config_error(**REQUIRED, sweep_time_zone="UTC'; --")
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"header_columns": ["id"]},
+        {"header_columns": ["tenant", "Event_Type"]},
+        {"additional_placement": ["tenant:header:cdc_relay.position"]},
+        {"additional_placement": ["aggregate_type:header"]},
+    ],
+)
+def test_a_configured_header_cannot_take_a_name_the_relay_sets(columns: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(**REQUIRED, outbox_columns=columns)
+    assert "sets itself" in str(info.value)
+    load_settings(**REQUIRED, outbox_columns={"additional_placement": ["type:header:eventType"]})

@@ -16,9 +16,11 @@ from cdc_relay.errors import ConfigError, RelayError, StopSession
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.poison import PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import DeliveryTracker
+from cdc_relay.reconcile import POSITION_HEADER, ReadBack, reconcile
 from cdc_relay.watermark import PendingTransaction, Watermark
 
 DEAD_LETTER = "dead"
+POSITION = b"slot_a/64/1"
 
 
 class _Producer:
@@ -99,7 +101,7 @@ class _Policy:
             fail=self.relay.fail,
         )
 
-    def refuse_row(self, txn: PendingTransaction) -> None:
+    def refuse_row(self, txn: PendingTransaction, position: bytes = POSITION) -> None:
         self.handler.refuse(
             RefusedRecord(
                 txn=txn,
@@ -110,7 +112,7 @@ class _Policy:
                 topic="orders",
                 key=b"key",
                 value=b"value" * 100,
-                headers=[("h", b"x" * 50)],
+                headers=[("id", b"e-1"), ("h", b"x" * 50), (POSITION_HEADER, position)],
             )
         )
 
@@ -173,3 +175,22 @@ def test_when_not_even_the_metadata_is_accepted_the_relay_stops_short_of_the_row
     assert txn.pending == 1, "the transaction never completes"
     assert watermark.advance() == 0
     assert policy.stats.dead_lettered == 0
+
+
+def test_every_form_of_a_dead_letter_keeps_the_relays_position() -> None:
+    policy = _Policy()
+    producer = policy.producer
+    txn = Watermark(0).open(100)
+    policy.refuse_row(txn)
+    for _ in range(3):  # whole, without value, without headers, metadata only
+        policy.broker_refuses(producer.produced[-1])
+    assert ("cdc_relay.dropped", b"metadata") in producer.produced[-1]["headers"]
+    for form in producer.produced:
+        assert [v for n, v in form["headers"] if n == POSITION_HEADER] == [POSITION], form
+        # ...so that the read-back at a start knows it for the relay's, whatever was cut.
+        acked = ReadBack("dead", 0, 0, (("id", b"a"), (POSITION_HEADER, b"slot_a/32/1")))
+        letter = ReadBack("dead", 0, 1, tuple(form["headers"]))
+        result = reconcile("slot_a", 0x40 - 1, {("dead", 0): 0}, {("dead", 0): [acked, letter]},
+                           [("dead", 0)])  # fmt: skip
+        assert result.doubt is None
+        assert result.in_kafka(POSITION, "e-1")

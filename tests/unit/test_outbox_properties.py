@@ -133,3 +133,76 @@ def _message(event: Mapping[str, object], headers: bytes | None, payload: bytes)
     if headers is not None:
         parts.append(f'"headers": {headers.decode()}')
     return ("{" + ", ".join(parts) + "}").encode()
+
+
+# Header names as a writer might spell the relay's own: exact, in other cases, with the relay's
+# prefix, and near misses that are not reserved.
+_NAME_TEXT = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12
+)
+_HEADER_NAMES = st.one_of(
+    _NAME_TEXT,
+    st.sampled_from(
+        [
+            "id",
+            "ID",
+            "Id",
+            "event_type",
+            "EVENT_TYPE",
+            "aggregate_type",
+            "cdc_relay.position",
+            "CDC_RELAY.POSITION",
+            "cdc_relay.error",
+            "cdc_relay.",
+            "cdc_relay",
+            "cdc_relayx",
+            "ids",
+            " id",
+            "event-type",
+            "traceparent",
+            "tenant",
+        ]
+    ),
+    _NAME_TEXT.map(lambda tail: "Cdc_Relay." + tail),
+)
+_RELAY_SET = ("id", "event_type", "aggregate_type")
+
+
+def _is_reserved(name: str) -> bool:
+    folded = name.casefold()
+    return folded in _RELAY_SET or folded.startswith("cdc_relay.")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=st.dictionaries(_HEADER_NAMES, st.one_of(st.text(max_size=5), st.integers())),
+    message=st.booleans(),
+)
+def test_a_row_never_sends_a_header_name_the_relay_sets(
+    entries: dict[str, object], message: bool
+) -> None:
+    headers = json.dumps(entries).encode()
+    try:
+        if message:
+            record = MessageMapping("outbox", TEMPLATE).map(
+                _message(
+                    {"id": "e-1", "aggregate_type": "order", "aggregate_id": "o-1"}
+                    | {"event_type": "created"},
+                    headers,
+                    b"{}",
+                )
+            )
+        else:
+            row = (b"e-1", b"order", b"o-1", b"created", b"{}", headers, None)
+            record = OutboxMapping(_relation(JSONB, JSONB), TEMPLATE).map(row)
+    except MalformedEvent as exc:
+        refusal, event_id = str(exc), exc.event_id
+        assert any(_is_reserved(name) for name in entries), refusal
+        assert "reserved" in refusal
+        assert event_id == "e-1"
+        return
+    assert not any(_is_reserved(name) for name in entries)
+    names = [name for name, _ in record.headers]
+    assert names[:3] == list(_RELAY_SET)
+    assert names[3:] == list(entries)  # the row's own, each once, after the relay's
+    assert record.headers[0] == ("id", b"e-1")

@@ -476,3 +476,17 @@ def test_a_refused_setting_says_where_in_the_json(monkeypatch: pytest.MonkeyPatc
     assert str(info.value).startswith(
         "invalid configuration: CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: regex does not "
     )
+
+
+def test_the_general_mapping_refuses_a_row_header_the_relay_sets_itself() -> None:
+    types = {**DEBEZIUM, "headers": JSONB}
+    mapper = mapping(types, {**DEBEZIUM_COLUMNS, "headers": "headers"}, "t.{event_type}")
+    assert isinstance(mapper, ShapedMapping)
+    for forged in (
+        b'{"id": "other"}',
+        b'{"x": "1", "Event_Type": "y"}',
+        b'{"cdc_relay.position": "s/1/1"}',
+    ):
+        refused(mapper, tuple_of(types, DEBEZIUM_ROW, headers=forged), "reserved")
+    record = mapper.map(tuple_of(types, DEBEZIUM_ROW, headers=b'{"tenant": "t1"}'))
+    assert [name for name, _ in record.headers] == ["id", "event_type", "aggregate_type", "tenant"]
