@@ -589,7 +589,7 @@ class Sweeper:
         """Per table, why this sweeper's row filter is not the one the relay relays it with:
         the relay's recorded filters and, on PostgreSQL 15+, the publication's."""
         tables = [s.table for s in self._tables]
-        several = len(self.settings.tables()) > 1
+        several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
         found = differences(record.row_filters if record is not None else None, tables)
         if found is None:
             return {
