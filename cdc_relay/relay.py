@@ -560,9 +560,10 @@ class Relay:
         return start
 
     def _trusted_position(self, conn: Connection, record: Record) -> tuple[int | None, bool]:
-        """The recorded position, refused (PositionMismatch, exit 4, nothing written, the slot
-        untouched) when the server cannot have it (:mod:`cdc_relay.record_origin`); with
-        CDC_RELAY_ALLOW_SLOT_RESET, dropped instead: (None, True), to be recorded afresh."""
+        """The recorded position, refused (PositionMismatch, exit 4, before anything streams or
+        the slot is touched) when the server cannot have it (:mod:`cdc_relay.record_origin`);
+        with CDC_RELAY_ALLOW_SLOT_RESET, dropped instead: (None, True), to be recorded afresh
+        (a new sweep boundary, no offsets)."""
         settings = self.settings
         if record.stamp is None:
             return None, False
