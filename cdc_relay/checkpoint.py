@@ -220,7 +220,16 @@ class PostgresCheckpointStore:
             f"p.sweep_from_xid::text, p.row_filters, {SERVER_SQL} "
             "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
         ).format(self._table)
-        row = self._run(query, (self._slot,)).fetchone()
+        try:
+            row = self._run(query, (self._slot,)).fetchone()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            user = self._user()
+            raise SourceSetupError(
+                f"cannot read the relay's position record: {exc.diag.message_primary}. "
+                f"{user} needs SELECT on {sql_name(self._schema, STATE_TABLE)} (sql/{ROLE_SQL}) "
+                "and EXECUTE on pg_control_system(), which PUBLIC has unless it was revoked: "
+                f"GRANT EXECUTE ON FUNCTION pg_control_system() TO {user}"
+            ) from None
         assert row is not None
         lsn, system_identifier, timeline, boundary, filters, *server = row
         stamp = (

@@ -344,7 +344,11 @@ class Prerequisites:
             for state in states:
                 if state.lacking_privileges:
                     raise Unmet(state.grant_hint(self.user))
-            recorded = self._recorded()
+            try:  # as the relay reads it: with the server's identity (record_origin)
+                record = self._store().load_record()
+            except SourceSetupError as exc:
+                raise Unmet(str(exc)) from None
+            recorded = record.stamp.position if record.stamp is not None else None
             where = f"recorded position {format_lsn(recorded)}" if recorded else "no record yet"
             return f"{', '.join(s.name for s in states)}, {where}"
         for state in incomplete:
@@ -405,12 +409,10 @@ class Prerequisites:
         """Why the position record cannot be this server's (cdc_relay.record_origin), if so."""
         try:
             record = self._store().load_record()
-        except (
-            psycopg.errors.UndefinedTable,
-            psycopg.errors.UndefinedColumn,
-            psycopg.errors.InsufficientPrivilege,
-        ):
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
             return None  # reported by the state table check
+        except SourceSetupError as exc:
+            return str(exc)
         if record.stamp is None:
             return None
         url = self.settings.source_url()

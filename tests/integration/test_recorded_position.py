@@ -166,3 +166,28 @@ def test_an_installed_state_table_gains_the_new_columns_and_its_record_is_stampe
         slot,
     )
     assert row is True
+
+
+def test_a_revoked_pg_control_system_stops_the_relay_naming_the_grant(
+    database: str,
+    broker: KafkaBroker,
+    unique: str,
+    least_privilege: tuple[str, str],  # noqa: F811
+) -> None:
+    """The stamps need pg_control_system(), PUBLIC's by default: where a hardening revoked it,
+    the relay stops at start (exit 3) with the GRANT, and check says so."""
+    relay_url, _owner = least_privilege
+    env = relay_env(relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+    relay = RelayProcess(env).start()
+    try:
+        code = relay.wait(60)
+    finally:
+        relay.close()
+    checked = cdc_relay(env, "check")
+    assert code == 3, relay.logs()
+    grant = "GRANT EXECUTE ON FUNCTION pg_control_system() TO relay"
+    assert grant in relay.logs()
+    assert checked.returncode == 1
+    assert grant in checked.stdout
