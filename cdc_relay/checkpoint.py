@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
 import psycopg
 from psycopg import sql
 
@@ -28,6 +29,7 @@ from cdc_relay.errors import (
 )
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
+from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
 
 STATE_TABLE = "slot_position"
 LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
@@ -39,6 +41,9 @@ STATE_COLUMNS = {
         "sweep_from_xid",
         "acked_offsets",
         "written_from",
+        "system_identifier",
+        "timeline_id",
+        "row_filters",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
@@ -88,6 +93,16 @@ class StateTable:
     @property
     def sql_name(self) -> str:
         return sql_name(self.schema, self.name.rsplit(".", 1)[1])
+
+
+@dataclass(frozen=True)
+class Record:
+    """The position record as one statement read it, with the server it was read on."""
+
+    stamp: Stamp | None  # None: no record for this slot
+    sweep_from_xid: int | None
+    row_filters: object  # as stored (JSON); judged by cdc_relay.relayed_filters
+    server: Server
 
 
 class CheckpointStore(Protocol):
@@ -197,6 +212,42 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return parse_lsn(str(row[0])) if row else None
 
+    def load_record(self) -> Record:
+        """The record, its stamps, the sweep boundary and the row filters, and the server's
+        identity and WAL end — all in one snapshot (:mod:`cdc_relay.record_origin`)."""
+        query = sql.SQL(
+            "SELECT p.confirmed_lsn::text, p.system_identifier, p.timeline_id, "
+            f"p.sweep_from_xid::text, p.row_filters, {SERVER_SQL} "
+            "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
+        ).format(self._table)
+        try:
+            row = self._run(query, (self._slot,)).fetchone()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            user = self._user()
+            raise SourceSetupError(
+                f"cannot read the relay's position record: {exc.diag.message_primary}. "
+                f"{user} needs SELECT on {sql_name(self._schema, STATE_TABLE)} (sql/{ROLE_SQL}) "
+                "and EXECUTE on pg_control_system(), which PUBLIC has unless it was revoked: "
+                f"GRANT EXECUTE ON FUNCTION pg_control_system() TO {user}"
+            ) from None
+        assert row is not None
+        lsn, system_identifier, timeline, boundary, filters, *server = row
+        stamp = (
+            None
+            if lsn is None
+            else Stamp(
+                parse_lsn(str(lsn)),
+                None if system_identifier is None else str(system_identifier),
+                None if timeline is None else int(str(timeline)),
+            )
+        )
+        return Record(
+            stamp,
+            None if boundary is None else int(str(boundary)),
+            filters,
+            server_from_row(tuple(server)),
+        )
+
     def save(
         self,
         lsn: int,
@@ -213,17 +264,25 @@ class PostgresCheckpointStore:
         that rewrites the lease either commits first — this write then finds another holder,
         writes nothing and raises LeadershipLost — or waits until this write has committed, and
         the new leader reads the position afterwards. A stale leader cannot write a record.
+
+        Every write stamps the record with the server it is written on (see
+        :mod:`cdc_relay.record_origin`): a primary, the one whose slot the position is of.
         """
-        values = "%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb"
+        values = f"%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb, {STAMP_SQL}"
         upsert = (
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
+            "system_identifier = EXCLUDED.system_identifier, "
+            "timeline_id = EXCLUDED.timeline_id, "
             "updated_at = now(), sweep_from_xid = CASE WHEN %s THEN EXCLUDED.sweep_from_xid "
             "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
             "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
             "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END, "
             "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END"
         )
-        columns = "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets)"
+        columns = (
+            "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets, system_identifier, "
+            "timeline_id)"
+        )
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
         row = (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot)
         if self._holder is None:
@@ -241,6 +300,31 @@ class PostgresCheckpointStore:
             raise LeadershipLost(
                 "another relay holds the leader lease: the position was not recorded"
             )
+
+    def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
+        """Record the row filters the relay relays with (:mod:`cdc_relay.relayed_filters`);
+        ``changed`` (they are not those recorded): take the sweep boundary afresh in the same
+        statement, for rows decoded under the old filters may not have been published. Fenced by
+        the lease like :meth:`save`."""
+        encoded = orjson.dumps(dict(filters)).decode()
+        boundary = (
+            "sweep_from_xid = CASE WHEN %s THEN pg_snapshot_xmax(pg_current_snapshot()) "
+            "ELSE sweep_from_xid END"
+        )
+        if self._holder is None:
+            query = sql.SQL(
+                f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s"
+            ).format(self._table)
+            self._run(query, (encoded, changed, self._slot))
+            return
+        query = sql.SQL(
+            "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
+            f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s "
+            "AND EXISTS (SELECT 1 FROM lease)"
+        ).format(self._lease, self._table)
+        cursor = self._run(query, (self._slot, self._holder, encoded, changed, self._slot))
+        if cursor.rowcount != 1:
+            raise LeadershipLost("another relay holds the leader lease: nothing was recorded")
 
     def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
         """The acknowledged offsets recorded with the position, and the offsets noted before

@@ -40,6 +40,7 @@ from cdc_relay.errors import (
 )
 from cdc_relay.lsn import format_lsn
 from cdc_relay.publication_filter import find_mismatch, row_filters_supported
+from cdc_relay.record_origin import history_switches, problem, refusal
 from cdc_relay.replication.failover import describe, promotion_note
 from cdc_relay.replication.source import (
     MIN_SERVER_VERSION,
@@ -53,6 +54,7 @@ from cdc_relay.replication.source import (
     scalar,
     slot_state,
 )
+from cdc_relay.replication.stream import timeline_history
 from cdc_relay.row_key import resolve_row_key
 
 PROBE_TIMEOUT = "5s"
@@ -406,7 +408,11 @@ class Prerequisites:
             for state in states:
                 if state.lacking_privileges:
                     raise Unmet(state.grant_hint(self.user))
-            recorded = self._recorded()
+            try:  # as the relay reads it: with the server's identity (record_origin)
+                record = self._store().load_record()
+            except SourceSetupError as exc:
+                raise Unmet(str(exc)) from None
+            recorded = record.stamp.position if record.stamp is not None else None
             where = f"recorded position {format_lsn(recorded)}" if recorded else "no record yet"
             return f"{', '.join(s.name for s in states)}, {where}"
         for state in incomplete:
@@ -462,6 +468,30 @@ class Prerequisites:
             return self._store().load()
         except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
             return None  # reported by the state table check
+
+    def _record_problem(self, slot_confirmed: int) -> str | None:
+        """Why the position record cannot be this server's (cdc_relay.record_origin), if so."""
+        try:
+            record = self._store().load_record()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            return None  # reported by the state table check
+        except SourceSetupError as exc:
+            return str(exc)
+        if record.stamp is None:
+            return None
+        url = self.settings.source_url()
+
+        def history(timeline: int) -> list[tuple[int, int]]:
+            try:
+                return history_switches(timeline_history(url, timeline))
+            except RelayError:
+                return []  # unreadable: the stamp's timeline counts as not in it
+
+        reason = problem(record.stamp, record.server, history)
+        if reason is None:
+            return None
+        settings = self.settings
+        return refusal(reason, settings.state_schema, settings.slot_name, slot_confirmed)
 
     def publication(self) -> str:
         name = self.settings.publication_name
@@ -602,6 +632,9 @@ class Prerequisites:
                 "what is missing"
             )
         confirmed = slot.confirmed_flush or 0
+        origin = self._record_problem(confirmed)
+        if origin is not None:
+            problems.append(origin)
         promoted = promotion_note(self.conn, settings, slot, recorded)
         try:
             _, warning = resolve_start(

@@ -21,14 +21,21 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import orjson
 import psycopg
 
 from cdc_relay.backoff import Backoff
-from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot, resolve_start
+from cdc_relay.checkpoint import (
+    PostgresCheckpointStore,
+    Record,
+    check_missing_slot,
+    resolve_start,
+)
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import (
     LeadershipLost,
+    PositionMismatch,
     RelayError,
     SinkUnavailable,
     SlotInUse,
@@ -42,6 +49,8 @@ from cdc_relay.observability.http import HealthServer
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.prerequisites import require, require_usable_slot
+from cdc_relay.record_origin import history_switches, problem, refusal
+from cdc_relay.relayed_filters import differences, recorded_form
 from cdc_relay.replication.failover import (
     ensure_failover,
     promotion_note,
@@ -55,7 +64,12 @@ from cdc_relay.replication.source import (
     retained_wal,
     slot_state,
 )
-from cdc_relay.replication.stream import ReplicationStream, timeline, timeline_start
+from cdc_relay.replication.stream import (
+    ReplicationStream,
+    timeline,
+    timeline_history,
+    timeline_start,
+)
 from cdc_relay.sweeper import Sweeper
 
 if TYPE_CHECKING:
@@ -495,7 +509,8 @@ class Relay:
                                   "was": changed.describe()}},
             )  # fmt: skip
             store.restart_sweep_boundary()
-        recorded = store.load()
+        record = store.load_record()
+        recorded, reset = self._trusted_position(conn, record)
         carried = self._carried_position()
         if carried is not None and (recorded is None or carried > recorded):
             # What the previous session had acknowledged but not yet recorded.
@@ -513,6 +528,7 @@ class Relay:
             start = slot.confirmed_flush or 0
             store.save(start, new_slot=True)
             recorded = start
+            reset = False
         else:
             slot = self._await_free_slot(conn, slot)
             require_usable_slot(conn, settings, slot)
@@ -526,10 +542,48 @@ class Relay:
             )
         if warning:
             log.warning(warning)
-        if recorded != start:
-            store.save(start)
+        if recorded != start or reset:
+            store.save(start, new_slot=reset)  # a refused record's boundary and offsets go too
+        filters = recorded_form(settings.tables())
+        refiltered = (
+            record.row_filters is not None
+            and differences(record.row_filters, settings.tables()) != []
+        )
+        if refiltered:
+            log.warning(
+                "the row filters differ from those the relay last relayed with; rows committed "
+                "before are not swept",
+                extra={"fields": {"was": orjson.dumps(record.row_filters).decode()[:4096]}},
+            )
+        store.record_row_filters(filters, refiltered)
         self.stats.confirmed_lsn = start
         return start
+
+    def _trusted_position(self, conn: Connection, record: Record) -> tuple[int | None, bool]:
+        """The recorded position, refused (PositionMismatch, exit 4, before anything streams or
+        the slot is touched) when the server cannot have it (:mod:`cdc_relay.record_origin`);
+        with CDC_RELAY_ALLOW_SLOT_RESET, dropped instead: (None, True), to be recorded afresh
+        (a new sweep boundary, no offsets)."""
+        settings = self.settings
+        if record.stamp is None:
+            return None, False
+        url = settings.source_url()
+        reason = problem(
+            record.stamp, record.server, lambda tli: history_switches(timeline_history(url, tli))
+        )
+        if reason is None:
+            return record.stamp.position, False
+        slot = slot_state(conn, settings.slot_name)
+        message = refusal(
+            reason,
+            settings.state_schema,
+            settings.slot_name,
+            slot.confirmed_flush if slot is not None else None,
+        )
+        if not settings.allow_slot_reset:
+            raise PositionMismatch(message)
+        log.warning(f"{message}; starting anyway because slot reset is allowed")
+        return None, True
 
     def _store(self, conn: Connection) -> PostgresCheckpointStore:
         """The position record, written only while this process holds the leader lease."""

@@ -29,9 +29,22 @@ its own only while it leads (:mod:`cdc_relay.leadership`), but a ``sweep`` comma
 stale leader's sweeper for the moment before it notices, may sweep too. The record is written only
 by the lease holder, and only ever with positions Kafka acknowledged.
 
-Two guards: a table is swept only while the relay's publication publishes its inserts (rows of a
-table the relay does not stream are never "published", whatever the recorded position says), and
-only when it has a row key that is unique (the delete names rows by it).
+Guards, checked every pass before anything is deleted:
+
+- the record must be one this server can have (:mod:`cdc_relay.record_origin`): at or below its
+  WAL end, written under its system identifier and current timeline. A record restored from
+  another cluster or edited ahead would cover every row; nothing is deleted (``sweep`` exits 4);
+- a table is swept only by the row filter the relay relays it with: the one the relay recorded
+  (:mod:`cdc_relay.relayed_filters`) and, on PostgreSQL 15+, the publication's. A sweeper whose
+  settings filter otherwise deletes nothing from that table (``sweep`` exits 3): a row outside
+  the relay's filter was never published;
+- a table is swept only while the relay's publication publishes its inserts (rows of a table the
+  relay does not stream are never "published", whatever the recorded position says), and only
+  when it has a row key that is unique (the delete names rows by it).
+
+The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
+the position that covers it: a relay restarted with another filter takes a new boundary, so rows
+it decoded under the old one are never deleted, even from candidates selected before.
 
 Retention compares the creation-time column with ``now()``; a ``timestamp without time zone``
 (or ``date``) column is read in ``CDC_RELAY_SWEEP_TIME_ZONE`` (UTC by default), never in the
@@ -52,11 +65,14 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.backoff import Backoff
-from cdc_relay.checkpoint import PostgresCheckpointStore
+from cdc_relay.checkpoint import PostgresCheckpointStore, Record
 from cdc_relay.config import OutboxTable, Settings, env_name
-from cdc_relay.errors import ConfigError, SourceSetupError, SourceUnavailable
+from cdc_relay.errors import ConfigError, PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.publication_filter import find_mismatch
+from cdc_relay.record_origin import problem, refusal
+from cdc_relay.relayed_filters import differences
 from cdc_relay.replication.source import connect, relation_oid
 from cdc_relay.row_key import key_types, resolve_row_key
 
@@ -148,6 +164,8 @@ class SweepResult:
     batches: list[SweptBatch] = field(default_factory=list)
     deleted_by_table: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # table -> why it was not swept
+    # table -> why this sweeper may not sweep it (its row filter is not the relay's)
+    refused: dict[str, str] = field(default_factory=dict)
 
     def add(self, batch: SweptBatch) -> None:
         self.batches.append(batch)
@@ -168,6 +186,8 @@ class SweepResult:
             lines.append("deleted nothing")
         for table, error in self.errors.items():
             lines.append(f"not swept {table}: {error}")
+        for table, reason in self.refused.items():
+            lines.append(f"refused to sweep {table}: {reason}")
         if self.waiting == 0:
             lines.append("nothing waits")
         elif self.position is None:
@@ -274,6 +294,13 @@ class Sweeper:
                     continue
                 try:
                     result = self.sweep_once()
+                except PositionMismatch as exc:
+                    self.close()
+                    delay = backoff.delay()
+                    log.error(
+                        "not sweeping: the position record cannot be this server's",
+                        extra={"fields": {"error": str(exc), "retry_in_s": delay}},
+                    )
                 except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
                     self.close()
                     delay = backoff.delay()
@@ -319,11 +346,18 @@ class Sweeper:
 
     def _sweep(self, conn: Connection, select: bool) -> SweepResult:
         result = SweepResult()
-        position = self._published_position(conn)
+        record = self._record(conn)
+        position = record.stamp.position if record is not None and record.stamp else None
+        boundary = record.sweep_from_xid if record is not None else None
         result.position = position
         published = self._published_tables(conn)
+        refused = self._refused(conn, record) if position is not None else {}
         for state in self._tables:
             table = state.table.table
+            if table in refused:
+                state.queue.clear()  # selected under a filter this pass no longer vouches for
+                result.refused[table] = refused[table]
+                continue
             if table not in published:
                 state.queue.clear()  # selected under a publication that no longer covers it
                 result.errors[table] = (
@@ -345,9 +379,9 @@ class Sweeper:
             if self._stopping():
                 break
             try:
-                self._delete_covered(conn, state, position, result)
+                self._delete_covered(conn, state, position, boundary, result)
                 if select and not state.queue:
-                    self._select(conn, state)
+                    self._select(conn, state, boundary)
             except (
                 psycopg.errors.UndefinedTable,
                 psycopg.errors.UndefinedColumn,
@@ -362,12 +396,19 @@ class Sweeper:
         return result
 
     def _delete_covered(
-        self, conn: Connection, state: _TableState, position: int | None, result: SweepResult
+        self,
+        conn: Connection,
+        state: _TableState,
+        position: int | None,
+        boundary: int | None,
+        result: SweepResult,
     ) -> None:
-        taken = state.queue.take_covered(position)
+        taken = state.queue.take_covered(position if boundary is not None else None)
         started = 0.0
         for index, batch in enumerate(taken):
-            assert position is not None  # take_covered returns nothing without a position
+            # take_covered returns nothing without a position (nor, as called, a boundary)
+            assert position is not None
+            assert boundary is not None
             if self._stopping():
                 state.queue.put_back(taken[index:])
                 return
@@ -375,7 +416,7 @@ class Sweeper:
                 self._rest(started)
             started = time.monotonic()
             try:
-                ids = self._delete(conn, state, batch)
+                ids = self._delete(conn, state, batch, boundary)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
                 # Somebody holds one of these rows: try again next pass.
                 state.queue.put_back(taken[index:])
@@ -396,10 +437,11 @@ class Sweeper:
             time.sleep(elapsed)
 
     def _delete(
-        self, conn: Connection, state: _TableState, batch: Candidates
+        self, conn: Connection, state: _TableState, batch: Candidates, boundary: int
     ) -> tuple[object, ...]:
         """One short transaction (autocommit): delete the batch, return the keys deleted (a value
-        per row for a one-column key, a tuple for a longer one)."""
+        per row for a one-column key, a tuple for a longer one). Only rows of transactions at or
+        after ``boundary``, the sweep boundary read with the position that covers the batch."""
         key = [sql.Identifier(c) for c in state.key]
         table = sql.Identifier(*state.table.schema_and_name)
         returning = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
@@ -413,6 +455,8 @@ class Sweeper:
                 sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in state.key_types),
             )
             params = [[row[i] for row in batch.ids] for i in range(len(key))]  # type: ignore[index]
+        match = sql.SQL("{} AND age(t.xmin) <= age(%s::text::xid)").format(match)
+        params.append(str(boundary & 0xFFFFFFFF))
         if state.condition is not None:
             match = sql.SQL("{} AND {}").format(match, state.condition)
         statement = sql.SQL("DELETE FROM {} AS t WHERE {} RETURNING {}").format(
@@ -423,11 +467,10 @@ class Sweeper:
             return tuple(row[0] for row in rows)
         return tuple(tuple(row) for row in rows)
 
-    def _select(self, conn: Connection, state: _TableState) -> None:
+    def _select(self, conn: Connection, state: _TableState, boundary: int | None) -> None:
         """Phase 1: pages of candidates, each with its own fence, up to the per-table cap."""
         table = state.table
         state.unselected = 0
-        boundary = self._sweep_boundary(conn)
         if boundary is None:
             return  # no slot recorded yet: nothing is known to be published
         created_at = self._created_at(conn, table)
@@ -513,21 +556,59 @@ class Sweeper:
 
     # -- what the relay has published --------------------------------------------------------
 
-    def _published_position(self, conn: Connection) -> int | None:
-        store = PostgresCheckpointStore(conn, self.settings.state_schema, self.settings.slot_name)
+    def _record(self, conn: Connection) -> Record | None:
+        """The relay's record, refused (PositionMismatch) when it cannot be this server's;
+        None when there is none (the relay never ran: nothing is published)."""
+        settings = self.settings
+        store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
         try:
-            return store.load()
-        except psycopg.errors.UndefinedTable:
-            return None  # the relay never ran: nothing is published
-
-    def _sweep_boundary(self, conn: Connection) -> int | None:
-        store = PostgresCheckpointStore(conn, self.settings.state_schema, self.settings.slot_name)
-        try:
-            return store.load_sweep_boundary()
-        except psycopg.errors.UndefinedColumn:
-            return None  # a state table from before the boundary existed: the relay adds it
+            record = store.load_record()
         except psycopg.errors.UndefinedTable:
             return None
+        except psycopg.errors.UndefinedColumn as exc:
+            raise SourceSetupError(
+                f"the relay's state table lacks a column ({exc.diag.message_primary}): the relay "
+                "of this version adds it when it starts (or run sql/002_cdc_relay_state.sql as "
+                "its owner); nothing is swept until then"
+            ) from None
+        reason = None if record.stamp is None else problem(record.stamp, record.server, None)
+        if reason is not None:
+            for state in self._tables:
+                state.queue.clear()
+            slot = conn.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (settings.slot_name,),
+            ).fetchone()
+            confirmed = parse_lsn(str(slot[0])) if slot and slot[0] is not None else None
+            raise PositionMismatch(
+                refusal(reason, settings.state_schema, settings.slot_name, confirmed)
+            )
+        return record
+
+    def _refused(self, conn: Connection, record: Record | None) -> dict[str, str]:
+        """Per table, why this sweeper's row filter is not the one the relay relays it with:
+        the relay's recorded filters and, on PostgreSQL 15+, the publication's."""
+        tables = [s.table for s in self._tables]
+        several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
+        found = differences(record.row_filters if record is not None else None, tables)
+        if found is None:
+            return {
+                t.table: "the relay has not recorded the row filters it relays with: a relay of "
+                "this version records them when it starts; nothing is swept until then"
+                for t in tables
+            }
+        refused = {d.table.table: d.describe(several) for d in found}
+        mismatch = find_mismatch(conn, self.settings.publication_name, tables)
+        if mismatch is not None:
+            for table, text in zip(mismatch.tables, mismatch.found, strict=True):
+                mine = str(table.filter) if table.filter is not None else "none"
+                refused.setdefault(
+                    table.table,
+                    f"publication {mismatch.publication} filters {table.table} with "
+                    f"{'row filter ' + text if text else 'no row filter'}, and this sweeper's "
+                    f"row filter is {mine}: the relay sets the publication's at its start",
+                )
+        return refused
 
     def _published_tables(self, conn: Connection) -> set[str]:
         rows = conn.execute(
@@ -582,9 +663,10 @@ class Sweeper:
                     }
                 },
             )
-        for table, error in result.errors.items():
+        problems = {**result.errors, **result.refused}
+        for table, error in problems.items():
             if self._reported.get(table) != error:
                 log.error(
                     "outbox table not swept", extra={"fields": {"table": table, "error": error}}
                 )
-        self._reported = dict(result.errors)
+        self._reported = problems

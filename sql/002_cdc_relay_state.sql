@@ -18,6 +18,14 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS acked_offsets jsonb
 -- Per partition the relay had no acknowledged record in at confirmed_lsn, an offset at or below
 -- its end taken before the relay first wrote there: where a start reads it back from.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS written_from jsonb;
+-- The server each write of the record was made on (pg_control_system()'s system identifier, the
+-- timeline): the relay refuses a record another cluster or another branch of the WAL wrote (e.g.
+-- restored from a backup), and one ahead of the WAL, rather than stream or sweep from it.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS system_identifier text;
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS timeline_id integer;
+-- The row filters the relay relays with (a JSON object: table -> condition, null for none), set
+-- at its start: the sweeper deletes only rows of these filters, and refuses to sweep with others.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS row_filters jsonb;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

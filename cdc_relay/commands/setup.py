@@ -17,6 +17,7 @@ from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites import Prerequisites, Unmet, require
+from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.replication.failover import wants_failover
 from cdc_relay.replication.source import (
     Connection,
@@ -134,6 +135,7 @@ class _Setup:
             start = slot.confirmed_flush or 0
             # As the relay does after creating its slot: from now on a lost slot is detected.
             self.store.save(start, new_slot=True)
+            self.store.record_row_filters(recorded_form(settings.tables()), changed=False)
             self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
             return
         try:

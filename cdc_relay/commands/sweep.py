@@ -1,8 +1,10 @@
 """``python -m cdc_relay sweep [--once [--wait SECONDS]]``: the sweeper as a command of its own.
 
 The relay sweeps by itself (``CDC_RELAY_SWEEP_INTERVAL``); this command is for a sweeper run next
-to it, or for a one-off pass. The sweeping is :class:`cdc_relay.sweeper.Sweeper`'s; this module only
-wires it to the command line and to SIGTERM / Ctrl-C.
+to it, or for a one-off pass. It deletes only what the relay published: with a row filter other
+than the relay's it refuses those tables (exit 3), and a position record the server cannot have
+stops it before any delete (exit 4). The sweeping is :class:`cdc_relay.sweeper.Sweeper`'s; this
+module only wires it to the command line and to SIGTERM / Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 from types import FrameType
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import ConfigError, RelayError
+from cdc_relay.errors import ConfigError, RelayError, SourceSetupError
 from cdc_relay.sweeper import Sweeper
 
 
@@ -28,7 +30,8 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
                 sweeper.close()
             for line in result.describe():
                 print(line)
-            return 0
+            # A row filter that is not the relay's: nothing of those tables was deleted.
+            return SourceSetupError.exit_code if result.refused else 0
         if settings.sweep_interval <= 0:
             raise ConfigError("CDC_RELAY_SWEEP_INTERVAL is 0 (sweeping disabled); use --once")
     except RelayError as exc:

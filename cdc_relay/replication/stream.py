@@ -281,6 +281,15 @@ def timeline_start(
     return switch_point(bytes(content or b""), since)
 
 
+def timeline_history(database_url: str, timeline_id: int) -> bytes:
+    """The server's history file of timeline ``timeline_id`` (``TIMELINE_HISTORY``, which a
+    REPLICATION role may read); empty for timeline 1, which has none."""
+    if timeline_id <= 1:
+        return b""
+    rows = _command(database_url, f"TIMELINE_HISTORY {int(timeline_id)}")
+    return bytes(rows[0][1] or b"") if rows else b""
+
+
 def switch_point(history: bytes, since: int | None = None) -> int | None:
     """From a timeline history file (``<parent>\\t<lsn>\\t<reason>`` lines, possibly as bytea
     hex text): where the history left timeline ``since`` (up to there it is that timeline's), or

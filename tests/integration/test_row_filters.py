@@ -18,6 +18,7 @@ from cdc_relay.sweeper import Sweeper
 from tests.conftest import KafkaBroker
 from tests.integration.framework_support import framework_columns
 from tests.integration.relay_support import RelayProcess, relay_env, scalar
+from tests.integration.test_admin import cdc_relay
 from tests.kafka_helpers import consume_all, consume_with_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
@@ -278,3 +279,124 @@ def test_rows_from_before_a_filter_change_are_never_swept(
     assert remaining == {(i, b) for i in before for b in DESTINATIONS} | {
         (i, "rabbit") for i in after
     }
+
+
+@pytest.mark.parametrize(
+    ("sweep_filter", "refused"),
+    [
+        (None, True),  # the setting left out, as an operator running sweep by hand may
+        ("target_broker IN ('kafka', 'rabbit')", True),
+        ("target_broker IN ('kafka')", False),  # the relay's filter, written otherwise
+    ],
+)
+def test_a_sweep_deletes_only_rows_of_the_relays_row_filter(
+    database: str, broker: KafkaBroker, unique: str, sweep_filter: str | None, refused: bool
+) -> None:
+    """The relay relays the kafka rows only; ``sweep`` run with another filter deletes nothing
+    and exits 3 naming both, with the relay's own (however written) it deletes what was
+    published — never the rabbit row, which was not."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(FRAMEWORK_DDL.encode())
+    env = _env(database, broker, unique)
+    broker.create_topic(f"{unique}.shop", partitions=1)
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        ids = _write(database, 1)
+        records = consume_with_grace(
+            broker.bootstrap_servers, f"{unique}.shop", 1, timeout=30, grace=1.0
+        )
+        other = {k: v for k, v in env.items() if k != "CDC_RELAY_OUTBOX_ROW_FILTER"}
+        if sweep_filter is not None:
+            other["CDC_RELAY_OUTBOX_ROW_FILTER"] = sweep_filter
+        swept = cdc_relay(other, "sweep", "--once", "--wait", "5")
+        remaining = _rows(database)
+        relay_sweep = cdc_relay(env, "sweep", "--once", "--wait", "5")
+    finally:
+        relay.close()
+    assert [r.header("id") for r in records] == [ids[0].encode()]
+    if refused:
+        assert swept.returncode == 3, swept.stdout + swept.stderr
+        assert remaining == {(ids[0], "kafka"), (ids[0], "rabbit")}, swept.stdout
+        assert "the relay relays public.fw_outbox with row filter target_broker = 'kafka'" in (
+            swept.stdout
+        )
+        assert f"this sweeper's is {sweep_filter or 'none'}" in swept.stdout
+        assert "CDC_RELAY_OUTBOX_ROW_FILTER=target_broker = 'kafka'" in swept.stdout
+    else:
+        assert swept.returncode == 0, swept.stdout + swept.stderr
+        assert remaining == {(ids[0], "rabbit")}, swept.stdout
+    assert relay_sweep.returncode == 0, relay_sweep.stdout + relay_sweep.stderr
+    assert _rows(database) == {(ids[0], "rabbit")}, "the unpublished row stays"
+
+
+def test_two_relays_of_one_table_each_sweep_only_their_own_rows(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """One relay (slot, publication) per destination: each slot's record carries its relay's
+    filter, so a sweep of one slot deletes that destination's published rows only, and a sweep
+    naming one slot with the other's filter is refused."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(FRAMEWORK_DDL.encode())
+    kafka = _env(database, broker, f"{unique}k")
+    rabbit = _env(database, broker, f"{unique}r")
+    rabbit["CDC_RELAY_OUTBOX_ROW_FILTER"] = "target_broker = 'rabbit'"
+    for env in (kafka, rabbit):
+        broker.create_topic(env["CDC_RELAY_TOPIC_TEMPLATE"], partitions=1)
+    relays = [RelayProcess(kafka).start(), RelayProcess(rabbit).start()]
+    try:
+        for relay in relays:
+            relay.wait_streaming()
+        ids = _write(database, 3)
+        for env in (kafka, rabbit):
+            consume_with_grace(
+                broker.bootstrap_servers, env["CDC_RELAY_TOPIC_TEMPLATE"], 3, timeout=30, grace=0.5
+            )
+        crossed = cdc_relay(
+            {**kafka, "CDC_RELAY_OUTBOX_ROW_FILTER": rabbit["CDC_RELAY_OUTBOX_ROW_FILTER"]},
+            "sweep",
+            "--once",
+            "--wait",
+            "3",
+        )
+        after_crossed = _rows(database)
+        own = cdc_relay(kafka, "sweep", "--once", "--wait", "5")
+        after_own = _rows(database)
+    finally:
+        for relay in relays:
+            relay.close()
+    assert crossed.returncode == 3, crossed.stdout + crossed.stderr
+    assert after_crossed == {(i, b) for i in ids for b in DESTINATIONS}
+    assert own.returncode == 0, own.stdout + own.stderr
+    assert after_own == {(i, "rabbit") for i in ids}
+
+
+def test_a_publication_refiltered_behind_the_relays_back_is_not_swept(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """pgoutput applies the publication's filter too: once it says otherwise than the relay,
+    rows the relay's filter takes may not have been published, and nothing is swept."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(FRAMEWORK_DDL.encode())
+    env = _env(database, broker, unique)
+    publication = env["CDC_RELAY_PUBLICATION_NAME"]
+    broker.create_topic(f"{unique}.shop", partitions=1)
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        ids = _write(database, 2)
+        consume_with_grace(broker.bootstrap_servers, f"{unique}.shop", 2, timeout=30, grace=0.5)
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(
+                f"ALTER PUBLICATION {publication} SET TABLE fw_outbox "
+                "WHERE (target_broker = 'rabbit')".encode()
+            )
+        swept = cdc_relay(env, "sweep", "--once", "--wait", "3")
+    finally:
+        relay.close()
+    assert swept.returncode == 3, swept.stdout + swept.stderr
+    (line,) = [s for s in swept.stdout.splitlines() if s.startswith("refused to sweep")]
+    assert f"publication {publication} filters public.fw_outbox with row filter" in line
+    assert "'rabbit'" in line
+    assert "this sweeper's row filter is target_broker = 'kafka'" in line
+    assert _rows(database) == {(i, b) for i in ids for b in DESTINATIONS}

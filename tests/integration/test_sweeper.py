@@ -23,6 +23,7 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings, load_settings
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
@@ -110,9 +111,11 @@ class _AuditedSweeper(Sweeper):
         self.deletions: list[tuple[tuple[object, ...], int, int, float]] = []
         self.passes: list[int] = []  # rows deleted per pass
 
-    def _delete(self, conn: Any, table: Any, batch: Candidates) -> tuple[object, ...]:
+    def _delete(
+        self, conn: Any, table: Any, batch: Candidates, boundary: int
+    ) -> tuple[object, ...]:
         recorded = _recorded(self.audit_conn, self.settings.slot_name)
-        ids = super()._delete(conn, table, batch)
+        ids = super()._delete(conn, table, batch, boundary)
         self.deletions.append((ids, batch.fence, recorded, time.time()))
         return ids
 
@@ -393,13 +396,17 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
         )
         store = PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"])
         store.ensure_table()
-        store.save(parse_lsn("FF/0"))  # a record far ahead: only the guards keep rows now
+        store.save(_insert_lsn(database))
     first, second = _events(10, "p"), _events(10, "q")
     write_transactions(database, [first])
     with psycopg.connect(database) as conn, conn.transaction():
         conn.execute(INSERT_SQL.replace("outbox", "outbox2").encode(), _row(second[0]))
     tables = ({"table": "public.outbox"}, {"table": "public.outbox2"})
-    sweeper = Sweeper(_settings(env, outbox_tables=tables))
+    settings = _settings(env, outbox_tables=tables)
+    sweeper = Sweeper(settings)
+    with psycopg.connect(database, autocommit=True) as conn:  # as the relay records them
+        store = PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"])
+        store.record_row_filters(recorded_form(settings.tables()), changed=False)
 
     result = sweeper.sweep_until_done(timeout=1)
     assert result.deleted == 0, "no publication: nothing is relayed, so nothing is swept"
@@ -411,6 +418,12 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
         conn.execute(
             f"CREATE PUBLICATION {publication} FOR TABLE outbox, outbox2 "
             "WITH (publish = 'insert')".encode()
+        )
+        sweeper.sweep_once()  # selects the candidates, below the WAL end as of now
+        # A record covering them all (as far as a record can: the WAL's end), so that only the
+        # guards keep rows now.
+        PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"]).save(
+            _insert_lsn(database)
         )
     result = sweeper.sweep_until_done(timeout=1)
     sweeper.close()
