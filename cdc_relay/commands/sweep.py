@@ -14,6 +14,7 @@ import sys
 import threading
 from types import FrameType
 
+from cdc_relay.commands.output import LINE_LIMIT, print_line, printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import ConfigError, RelayError, SourceSetupError
 from cdc_relay.sweeper import Sweeper
@@ -29,13 +30,13 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
             finally:
                 sweeper.close()
             for line in result.describe():
-                print(line)
+                print_line(line)  # names filters read from the database
             # A row filter that is not the relay's: nothing of those tables was deleted.
             return SourceSetupError.exit_code if result.refused else 0
         if settings.sweep_interval <= 0:
             raise ConfigError("CDC_RELAY_SWEEP_INTERVAL is 0 (sweeping disabled); use --once")
     except RelayError as exc:
-        print(f"cdc-relay: {exc}", file=sys.stderr)
+        print(printable(f"cdc-relay: {exc}", LINE_LIMIT), file=sys.stderr)
         return exc.exit_code
     stop = threading.Event()
 
