@@ -48,10 +48,10 @@ from cdc_relay.replication.failover import (
     wants_failover,
 )
 from cdc_relay.replication.source import (
+    Heartbeats,
     SlotState,
     SourceDatabase,
     connect,
-    emit_heartbeat,
     retained_wal,
     slot_state,
 )
@@ -422,7 +422,7 @@ class Relay:
             sink=self._publisher,
             store=store,
             start=start,
-            heartbeat=lambda: emit_heartbeat(conn),
+            heartbeat=Heartbeats(conn),
             retained_wal=lambda: retained_wal(conn, settings.slot_name),
             offsets=offsets,
             reconciliation=reconciliation,
