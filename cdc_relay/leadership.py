@@ -42,6 +42,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -69,6 +70,51 @@ def terminate_backend(conn: Connection, pid: int) -> bool:
     return bool(row and row[0])
 
 
+@dataclass(frozen=True)
+class ForeignHolder:
+    """A session holding the leader lock that is no relay of this slot: not of the relay's role,
+    and named by no lease. It keeps every relay in standby for as long as it holds the lock."""
+
+    pid: int
+    role: str | None  # None: pg_stat_activity does not show the backend
+
+    def describe(self) -> str:
+        return f"pid {self.pid}, role {self.role or 'unknown'}"
+
+    def fix(self, slot: str) -> str:
+        return (
+            f"end it: as a superuser, SELECT pg_terminate_backend({self.pid}); then find out who "
+            f"runs role {self.role or 'unknown'} — any role that may connect to this database can "
+            f"take advisory locks: pg_advisory_lock({LOCK_CLASS}, hashtext('{slot}')) keeps "
+            "every relay of this slot in standby, so let only trusted roles connect "
+            "(REVOKE CONNECT ON DATABASE … FROM PUBLIC)"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "role": self.role}
+
+
+def foreign_holder(conn: Connection, state_schema: str, slot: str) -> ForeignHolder | None:
+    """The session holding ``slot``'s leader lock when it is no relay: its role is not this
+    session's and no lease row names it. None when the lock is free or a relay holds it (or may:
+    one of the relay's role that has not written its lease yet)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT k.pid, a.usename FROM pg_locks k "
+            "LEFT JOIN pg_stat_activity a ON a.pid = k.pid "
+            "WHERE k.locktype = 'advisory' AND k.granted AND k.classid = %s "
+            "AND k.objid = hashtext(%s)::oid AND k.objsubid = 2 "
+            "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND a.usename IS DISTINCT FROM session_user "
+            "AND NOT EXISTS (SELECT FROM {} l WHERE l.slot_name = %s AND l.lock_pid = k.pid)"
+        ).format(sql.Identifier(state_schema, LEASE_TABLE)),
+        (LOCK_CLASS, slot, slot),
+    ).fetchone()
+    if row is None:
+        return None
+    return ForeignHolder(int(str(row[0])), None if row[1] is None else str(row[1]))
+
+
 def holder_id() -> str:
     """This process's name in the lease: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -83,6 +129,8 @@ class Leadership:
         self.became_leader = threading.Event()
         self.leader_seen: str | None = None  # the lease's holder, as a standby last read it
         self.predecessor_stream_pid: int | None = None  # the walsender of the one we replaced
+        # A session that is no relay holding the lock, as a standby last saw it (None: none).
+        self.foreign_holder: ForeignHolder | None = None
         self._lease = sql.Identifier(settings.state_schema, LEASE_TABLE)
         self._timeout = settings.leader_lease_timeout
         self._conn: Connection | None = None
@@ -254,6 +302,7 @@ class Leadership:
         self._renewed_at = started
         self._leading = True
         self.leader_seen = self.holder
+        self._note_foreign_holder(None)
         log.info(
             "leading",
             extra={
@@ -266,6 +315,27 @@ class Leadership:
         )
         self.became_leader.set()
         return True
+
+    def _note_foreign_holder(self, found: ForeignHolder | None) -> None:
+        previous, self.foreign_holder = self.foreign_holder, found
+        if found is not None and found != previous:
+            log.error(
+                "the leader lock is held by a session that is no relay: every relay of this slot "
+                "stands by while it holds it",
+                extra={
+                    "fields": {
+                        "slot": self.settings.slot_name,
+                        "pid": found.pid,
+                        "role": found.role,
+                        "fix": found.fix(self.settings.slot_name),
+                    }
+                },
+            )
+        elif found is None and previous is not None:
+            log.info(
+                "the session that held the leader lock is gone",
+                extra={"fields": {"pid": previous.pid, "role": previous.role}},
+            )
 
     def _try_lock(self, conn: Connection) -> bool:
         row = conn.execute(
@@ -314,8 +384,11 @@ class Leadership:
         ).fetchone()
         if row is None:
             # The lock's holder has not written its lease yet (it just took the lock), or it is
-            # no relay of this version: wait, never end a backend whose lease we cannot see.
+            # no relay at all: never end a backend whose lease we cannot see, but say so when it
+            # is not of the relay's role — it keeps every relay in standby.
+            self._note_foreign_holder(foreign_holder(conn, self.settings.state_schema, slot))
             return False
+        self._note_foreign_holder(None)
         holder, expired, lock_pid, stream_pid = row
         self.leader_seen = str(holder)
         if not expired:

@@ -33,6 +33,7 @@ from cdc_relay.checkpoint import (
 from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
 from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
+from cdc_relay.leadership import foreign_holder
 from cdc_relay.lsn import format_lsn
 from cdc_relay.publication_filter import find_mismatch, row_filters_supported
 from cdc_relay.replication.failover import describe, promotion_note
@@ -383,6 +384,16 @@ class Prerequisites:
         that ends the leader's backends (pg_terminate_backend), allowed for backends of a role
         whose privileges this one has, or with pg_signal_backend; a superuser's only to one."""
         lease = sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+        slot = self.settings.slot_name
+        try:
+            squatter = foreign_holder(self.conn, self.settings.state_schema, slot)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            squatter = None  # no lease table to tell relays by: the state table check says why
+        if squatter is not None:
+            raise Unmet(
+                f"the leader lock is held by a session that is no relay ({squatter.describe()}): "
+                f"no relay can lead while it holds it; {squatter.fix(slot)}"
+            )
         try:
             row = self.conn.execute(
                 sql.SQL(
