@@ -28,6 +28,11 @@ connection stands (e.g. its ``statement_timeout``, a quarter of the lease, behin
 lease row) does not: the lock and the lease are still this relay's, so it retries while the lease
 lasts, and a failover would be needless churn.
 
+Advisory locks need no privilege: any role that can connect may take the lock and keep every
+relay in standby. That cannot be prevented here, so it is detected (:func:`foreign_holder`): a
+holder whose role is not the relay's and whom no lease names is reported — a log line at once,
+``/status``, ``check`` — rather than waited for silently; a standby leads once it is gone.
+
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
 record nor the slot can be moved by the one that lost.
