@@ -28,10 +28,13 @@ connection stands (e.g. its ``statement_timeout``, a quarter of the lease, behin
 lease row) does not: the lock and the lease are still this relay's, so it retries while the lease
 lasts, and a failover would be needless churn.
 
-Advisory locks need no privilege: any role that can connect may take the lock and keep every
-relay in standby. That cannot be prevented here, so it is detected (:func:`foreign_holder`): a
-holder whose role is not the relay's and whom no lease names is reported — a log line at once,
-``/status``, ``check`` — rather than waited for silently; a standby leads once it is gone.
+Advisory locks need no privilege: any role that can connect may take the lock. Such a holder —
+its role is not the relay's, no lease names it (:func:`foreign_holder`) — is reported (log,
+``/status``, ``check``) and not waited for: relays then lead by the lease alone, which only the
+relay's role may update. A relay takes it only when no live relay holds it (unexpired and its
+lock connection still there, :data:`_LEASE_FREE`), in one conditional statement on the locked
+row, so one of two wins; takeovers from a dead or hung leader work as above, and the leader takes
+the lock back at a renewal once it is free.
 
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
@@ -78,7 +81,7 @@ def terminate_backend(conn: Connection, pid: int) -> bool:
 @dataclass(frozen=True)
 class ForeignHolder:
     """A session holding the leader lock that is no relay of this slot: not of the relay's role,
-    and named by no lease. It keeps every relay in standby for as long as it holds the lock."""
+    and named by no lease. While it holds the lock, relays lead by their lease alone."""
 
     pid: int
     role: str | None  # None: pg_stat_activity does not show the backend
@@ -90,9 +93,8 @@ class ForeignHolder:
         return (
             f"end it: as a superuser, SELECT pg_terminate_backend({self.pid}); then find out who "
             f"runs role {self.role or 'unknown'} — any role that may connect to this database can "
-            f"take advisory locks: pg_advisory_lock({LOCK_CLASS}, hashtext('{slot}')) keeps "
-            "every relay of this slot in standby, so let only trusted roles connect "
-            "(REVOKE CONNECT ON DATABASE … FROM PUBLIC)"
+            f"take advisory locks such as pg_advisory_lock({LOCK_CLASS}, hashtext('{slot}')), "
+            "so let only trusted roles connect (REVOKE CONNECT ON DATABASE … FROM PUBLIC)"
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -120,6 +122,14 @@ def foreign_holder(conn: Connection, state_schema: str, slot: str) -> ForeignHol
     return ForeignHolder(int(str(row[0])), None if row[1] is None else str(row[1]))
 
 
+# The lease row (alias l) names no live relay: ours (%s: this holder), expired, or its lock
+# connection gone — a relay of this role whose backend began before the last renewal.
+_LEASE_FREE = sql.SQL(
+    "l.holder = %s OR l.expires_at < now() OR NOT EXISTS (SELECT FROM pg_stat_activity a "
+    "WHERE a.pid = l.lock_pid AND a.usename = session_user AND a.backend_start <= l.renewed_at)"
+)
+
+
 def holder_id() -> str:
     """This process's name in the lease: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -145,6 +155,7 @@ class Leadership:
         renewal_ms = round(self._timeout * RENEWAL_TIMEOUT_SHARE * 1000)
         self._renewal_timeout = sql.Literal(f"{renewal_ms}ms")
         self._renewed_at = 0.0  # monotonic time taken before the last successful renewal
+        self._holds_lock = False  # a leader holds the lock, unless a squatter does (lease alone)
         self._resign = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -273,6 +284,7 @@ class Leadership:
 
     def _close(self) -> None:
         self._renewal_failing = False
+        self._holds_lock = False
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -282,8 +294,17 @@ class Leadership:
         conn = self._connection()
         slot = self.settings.slot_name
         started = time.monotonic()
-        if not self._try_lock(conn) and not (self._end_hung_holder(conn) and self._try_lock(conn)):
+        if self._try_lock(conn) or (self._end_hung_holder(conn) and self._try_lock(conn)):
+            self._holds_lock = True
+        elif self.foreign_holder is not None and self._lease_free(conn):
+            self._holds_lock = False  # a squatter holds the lock: lead by the lease alone
+        else:
             return False
+        # The lock's holder takes the lease as it is. Without the lock, or with a lock a squatter
+        # has just let go (a relay may lead by its lease alone), only a lease no live relay holds
+        # — checked again on the locked row, so that of two relays one wins.
+        conditional = not self._holds_lock or self.foreign_holder is not None
+        condition = sql.SQL(" WHERE ") + _LEASE_FREE if conditional else sql.SQL("")
         with conn.transaction():
             previous = conn.execute(
                 sql.SQL("SELECT holder, stream_pid FROM {} WHERE slot_name = %s FOR UPDATE").format(
@@ -291,42 +312,75 @@ class Leadership:
                 ),
                 (slot,),
             ).fetchone()
-            conn.execute(
+            cursor = conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (slot_name, holder, lock_pid, stream_pid, renewed_at, "
+                    "INSERT INTO {} AS l (slot_name, holder, lock_pid, stream_pid, renewed_at, "
                     "expires_at) VALUES (%s, %s, pg_backend_pid(), NULL, now(), "
                     "now() + make_interval(secs => %s)) ON CONFLICT (slot_name) DO UPDATE SET "
                     "holder = EXCLUDED.holder, lock_pid = EXCLUDED.lock_pid, stream_pid = NULL, "
-                    "renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at"
-                ).format(self._lease),
-                (slot, self.holder, self._timeout),
+                    "renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at{}"
+                ).format(self._lease, condition),
+                (slot, self.holder, self._timeout) + ((self.holder,) if conditional else ()),
             )
+        if cursor.rowcount != 1:  # a live relay holds the lease: it takes the lock at its renewal
+            if self._holds_lock:
+                self._holds_lock = False
+                conn.execute(
+                    "SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                    (LOCK_CLASS, self.settings.slot_name),
+                )
+            return False
         self.predecessor_stream_pid = (
             int(str(previous[1])) if previous and previous[1] is not None else None
         )
         self._renewed_at = started
         self._leading = True
         self.leader_seen = self.holder
-        self._note_foreign_holder(None)
-        log.info(
-            "leading",
-            extra={
-                "fields": {
-                    "slot": slot,
-                    "holder": self.holder,
-                    "previous": str(previous[0]) if previous else None,
-                }
-            },
-        )
+        fields: dict[str, object] = {
+            "slot": slot,
+            "holder": self.holder,
+            "previous": str(previous[0]) if previous else None,
+        }
+        squatter = self.foreign_holder
+        if self._holds_lock:
+            self._note_foreign_holder(None)
+            log.info("leading", extra={"fields": fields})
+        elif squatter is not None:
+            fields.update(lock_pid=squatter.pid, lock_role=squatter.role)
+            log.warning(
+                "leading by the lease alone: the leader lock is held by a session that is no relay",
+                extra={"fields": fields},
+            )
         self.became_leader.set()
         return True
+
+    def _lease_free(self, conn: Connection) -> bool:
+        """Without the lock (a squatter holds it): may this relay take the lease? Yes unless a
+        live relay holds it unexpired; a holder that has hung (expired, its backend still there)
+        has its connections ended first, as :meth:`_end_hung_holder` does."""
+        row = conn.execute(
+            sql.SQL(
+                "SELECT l.holder, l.expires_at < now(), l.lock_pid, l.stream_pid, NOT ({}) "
+                "FROM {} l WHERE l.slot_name = %s"
+            ).format(_LEASE_FREE, self._lease),
+            (self.holder, self.settings.slot_name),
+        ).fetchone()
+        if row is None:
+            return True
+        holder, expired, lock_pid, stream_pid, held = row
+        if not held:
+            return True  # its relay is gone, or it expired
+        self.leader_seen = str(holder)
+        if not expired:
+            return False
+        return self._end_connections(conn, str(holder), int(str(lock_pid)), stream_pid)
 
     def _note_foreign_holder(self, found: ForeignHolder | None) -> None:
         previous, self.foreign_holder = self.foreign_holder, found
         if found is not None and found != previous:
             log.error(
-                "the leader lock is held by a session that is no relay: every relay of this slot "
-                "stands by while it holds it",
+                "the leader lock is held by a session that is no relay: relays of this slot lead "
+                "by their lease alone while it holds it",
                 extra={
                     "fields": {
                         "slot": self.settings.slot_name,
@@ -352,6 +406,9 @@ class Leadership:
     def _renew(self) -> None:
         conn = self._connection()
         started = time.monotonic()
+        if not self._holds_lock and self._try_lock(conn):
+            self._holds_lock = True  # the squatter let go: the lock is ours again
+            self._note_foreign_holder(None)
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(self._renewal_timeout))
             cursor = conn.execute(
@@ -390,7 +447,7 @@ class Leadership:
         if row is None:
             # The lock's holder has not written its lease yet (it just took the lock), or it is
             # no relay at all: never end a backend whose lease we cannot see, but say so when it
-            # is not of the relay's role — it keeps every relay in standby.
+            # is not of the relay's role — relays then lead by their lease alone.
             self._note_foreign_holder(foreign_holder(conn, self.settings.state_schema, slot))
             return False
         self._note_foreign_holder(None)
@@ -398,9 +455,16 @@ class Leadership:
         self.leader_seen = str(holder)
         if not expired:
             return False
+        return self._end_connections(conn, str(holder), int(str(lock_pid)), stream_pid)
+
+    def _end_connections(
+        self, conn: Connection, holder: str, lock_pid: int, stream_pid: object
+    ) -> bool:
+        """End a hung leader's lock connection and walsender; True when that was allowed."""
+        slot = self.settings.slot_name
         log.warning(
             "the leader's lease expired: ending its connections and taking over",
-            extra={"fields": {"slot": slot, "stale_holder": str(holder)}},
+            extra={"fields": {"slot": slot, "stale_holder": holder}},
         )
         try:
             conn.execute(

@@ -172,43 +172,73 @@ def test_messages_on_while_any_role_can_emit_refuses_to_start(
 # -- the leader lock --------------------------------------------------------------------------
 
 
-def test_a_squatted_leader_lock_is_reported_not_waited_on_silently(
+def test_a_squatted_leader_lock_is_reported_and_relays_lead_by_the_lease(
     database: str, broker: KafkaBroker, unique: str, login_role: MakeRole
 ) -> None:
-    """A LOGIN-only role holds the leader's advisory lock: the relay says who, where and how to fix
-    it (log, /status, check), and leads as soon as the squatter is gone."""
+    """A LOGIN-only role holds the leader's advisory lock: a relay leads by its lease alone and
+    says who holds the lock, where and how to fix it (log, /status, check); a standby still takes
+    over from a killed leader; once the squatter is gone the leader takes the lock back."""
     create_outbox(database)
     squatter = login_role("squatter")
+    role = f"squatter_{unique}"
     slot = f"slot_{unique}"
-    port = free_port()
-    env = relay_env(
-        database, broker.bootstrap_servers, unique, http_port=str(port), log_level="INFO"
-    )
-    with psycopg.connect(squatter, autocommit=True) as held:
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=1)
+    ports = [free_port(), free_port()]
+    envs = [
+        relay_env(
+            database,
+            broker.bootstrap_servers,
+            unique,
+            http_port=str(port),
+            log_level="INFO",
+            leader_lease_timeout="4",
+            leader_renew_interval="0.5",
+        )
+        for port in ports
+    ]
+    events = [new_event("order", "o-1", "created", {"n": n}) for n in range(2)]
+    relays: list[RelayProcess] = []
+    held = psycopg.connect(squatter, autocommit=True)
+    try:
         pid = held.info.backend_pid
         held.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, slot))
-        relay = RelayProcess(env).start()
-        try:
-            relay.wait_for_log("the leader lock is held by a session that is no relay", 30)
-            assert f"squatter_{unique}" in relay.logs()
-            status = orjson.loads(http_get(port, "/status")[1])
-            assert status["role"] == "standby"
-            assert status["leader_lock_held_by"] == {"pid": pid, "role": f"squatter_{unique}"}
-            checked = cdc_relay(env, "check")
-            line = failed(checked).get("leadership", "")
-            assert f"squatter_{unique}" in line, checked.stdout
-            assert str(pid) in line, checked.stdout
-            assert "pg_terminate_backend" in line
-        except BaseException:
-            relay.close()
-            raise
-    try:
-        relay.wait_streaming()  # the squatter's session ended: its lock went with it
-        assert orjson.loads(http_get(port, "/status")[1])["leader_lock_held_by"] is None
-        event = new_event("order", "o-1", "created", {"n": 1})
-        write_transactions(database, [[event]])
-        records = consume_all(broker.bootstrap_servers, [f"{unique}.order"], 1, 30)
-        assert relay.stop() == 0, relay.logs()
+        first = RelayProcess(envs[0]).start()
+        relays.append(first)
+        first.wait_streaming()
+        assert "leading by the lease alone" in first.logs()
+        assert "the leader lock is held by a session that is no relay" in first.logs()
+        assert role in first.logs()
+        status = orjson.loads(http_get(ports[0], "/status")[1])
+        assert status["role"] == "leader"
+        assert status["leader_lock_held_by"] == {"pid": pid, "role": role}
+        checked = cdc_relay(envs[0], "check")
+        line = failed(checked).get("leadership", "")
+        assert role in line, checked.stdout
+        assert str(pid) in line, checked.stdout
+        assert "pg_terminate_backend" in line
+
+        second = RelayProcess(envs[1]).start()
+        relays.append(second)
+        second.wait_for_log("the leader lock is held by a session that is no relay")
+        write_transactions(database, [[events[0]]])
+        assert len(consume_all(broker.bootstrap_servers, [topic], 1, 30)) == 1
+        assert orjson.loads(http_get(ports[1], "/status")[1])["role"] == "standby"
+
+        first.kill()  # its connections close: the standby sees its lease's backend gone
+        second.wait_streaming(30)
+        assert "leading by the lease alone" in second.logs()
+        write_transactions(database, [[events[1]]])
+        records = consume_all(broker.bootstrap_servers, [topic], 2, 30, grace=1.0)
+
+        held.close()
+        second.wait_for_log("the session that held the leader lock is gone", 30)
+        assert orjson.loads(http_get(ports[1], "/status")[1])["leader_lock_held_by"] is None
+        assert not failed(cdc_relay(envs[1], "check")).get("leadership"), "check is content"
+        assert second.stop() == 0, second.logs()
     finally:
-        relay.close()
-    assert [(r.header("id") or b"").decode() for r in records] == [event.id]
+        held.close()
+        for relay in relays:
+            relay.close()
+    ids = [(r.header("id") or b"").decode() for r in records]
+    assert [i for i in dict.fromkeys(ids)] == [e.id for e in events], ids
