@@ -122,12 +122,14 @@ def foreign_holder(conn: Connection, state_schema: str, slot: str) -> ForeignHol
     return ForeignHolder(int(str(row[0])), None if row[1] is None else str(row[1]))
 
 
-# The lease row (alias l) names no live relay: ours (%s: this holder), expired, or its lock
-# connection gone — a relay of this role whose backend began before the last renewal.
-_LEASE_FREE = sql.SQL(
-    "l.holder = %s OR l.expires_at < now() OR NOT EXISTS (SELECT FROM pg_stat_activity a "
-    "WHERE a.pid = l.lock_pid AND a.usename = session_user AND a.backend_start <= l.renewed_at)"
+# The lease row's (alias l) lock connection is still there: a backend of this role with its pid
+# that began before the last renewal (so not a later backend that reuses the pid).
+_LEASE_HOLDER_ALIVE = sql.SQL(
+    "EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.lock_pid "
+    "AND a.usename = session_user AND a.backend_start <= l.renewed_at)"
 )
+# The lease row names no live relay: ours (%s: this holder), expired, or its connection gone.
+_LEASE_FREE = sql.SQL("l.holder = %s OR l.expires_at < now() OR NOT {}").format(_LEASE_HOLDER_ALIVE)
 
 
 def holder_id() -> str:
@@ -360,16 +362,16 @@ class Leadership:
         has its connections ended first, as :meth:`_end_hung_holder` does."""
         row = conn.execute(
             sql.SQL(
-                "SELECT l.holder, l.expires_at < now(), l.lock_pid, l.stream_pid, NOT ({}) "
+                "SELECT l.holder, l.expires_at < now(), l.lock_pid, l.stream_pid, {} "
                 "FROM {} l WHERE l.slot_name = %s"
-            ).format(_LEASE_FREE, self._lease),
-            (self.holder, self.settings.slot_name),
+            ).format(_LEASE_HOLDER_ALIVE, self._lease),
+            (self.settings.slot_name,),
         ).fetchone()
         if row is None:
             return True
-        holder, expired, lock_pid, stream_pid, held = row
-        if not held:
-            return True  # its relay is gone, or it expired
+        holder, expired, lock_pid, stream_pid, alive = row
+        if not alive or holder == self.holder:
+            return True  # its relay is gone (its walsender is ended when streaming starts)
         self.leader_seen = str(holder)
         if not expired:
             return False

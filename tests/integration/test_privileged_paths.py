@@ -4,6 +4,9 @@ application role of the database would be."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 
 import orjson
@@ -82,9 +85,8 @@ def _forge(url: str) -> None:
 # -- table-less messages ----------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("plugin")
 def test_a_login_only_role_cannot_get_a_message_published(
-    database: str, broker: KafkaBroker, unique: str, login_role: MakeRole
+    database: str, broker: KafkaBroker, unique: str, login_role: MakeRole, plugin: str
 ) -> None:
     """Messages are off by default: a forged message, then a real row; only the row arrives."""
     create_outbox(database)
@@ -104,6 +106,9 @@ def test_a_login_only_role_cannot_get_a_message_published(
     assert [(r.header("id") or b"").decode() for r in records] == [real.id], (
         "the forged message was published"
     )
+    # pgoutput is asked for none; wal2json cannot be, so the session drops it and says so.
+    dropped = "dropped a table-less message: CDC_RELAY_MESSAGES is off" in relay.logs()
+    assert dropped == (plugin == "wal2json"), relay.logs()
 
 
 def test_messages_on_only_granted_writers_can_emit(
@@ -242,3 +247,53 @@ def test_a_squatted_leader_lock_is_reported_and_relays_lead_by_the_lease(
             relay.close()
     ids = [(r.header("id") or b"").decode() for r in records]
     assert [i for i in dict.fromkeys(ids)] == [e.id for e in events], ids
+
+
+def test_a_hung_leader_by_the_lease_is_replaced_when_its_lease_runs_out(
+    database: str, broker: KafkaBroker, unique: str, login_role: MakeRole
+) -> None:
+    """The lock squatted, the leader (by its lease alone) hangs: the standby ends its connections
+    once the lease has run out and leads; the woken leader confirms nothing and stands by."""
+    create_outbox(database)
+    squatter = login_role("squatter")
+    slot = f"slot_{unique}"
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=1)
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        log_level="INFO",
+        leader_lease_timeout="4",
+        leader_renew_interval="0.5",
+    )
+    event = new_event("order", "o-1", "created", {"n": 1})
+    relays: list[RelayProcess] = []
+    held = psycopg.connect(squatter, autocommit=True)
+    try:
+        held.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, slot))
+        first = RelayProcess(env).start()
+        relays.append(first)
+        first.wait_streaming()
+        second = RelayProcess(env).start()
+        relays.append(second)
+        second.wait_for_log("the leader lock is held by a session that is no relay")
+        os.kill(first.pid, signal.SIGSTOP)
+        hung = time.monotonic()
+        try:
+            second.wait_streaming(30)
+            took = time.monotonic() - hung
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        assert "the leader's lease expired: ending its connections" in second.logs()
+        assert 3.0 < took < 15.0, took  # the 4 s lease, not at once and not never
+        write_transactions(database, [[event]])
+        records = consume_all(broker.bootstrap_servers, [topic], 1, 30, grace=1.0)
+        first.wait_for_log("now a standby", 30)
+        assert second.stop() == 0, second.logs()
+        assert first.stop() == 0, first.logs()
+    finally:
+        held.close()
+        for relay in relays:
+            relay.close()
+    assert [(r.header("id") or b"").decode() for r in records] == [event.id]
