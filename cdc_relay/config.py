@@ -484,6 +484,14 @@ class Settings(BaseSettings):
             "(PostgreSQL 15+) and checked by the relay; the sweeper deletes matching rows only."
         ),
     )
+    messages: bool = Field(
+        False,
+        description=(
+            "Relay table-less events: transactional logical messages (pg_logical_emit_message) "
+            "with CDC_RELAY_MESSAGE_PREFIX. Off: none is asked for, any that arrives is dropped. "
+            "On: the relay refuses to start while PUBLIC may emit messages (setup revokes that)."
+        ),
+    )
     message_prefix: str = Field(
         "outbox",
         description="Prefix of transactional logical messages (pg_logical_emit_message) to relay.",

@@ -28,8 +28,11 @@ ROLE_SQL = "005_relay_role.sql"
 
 # The state schema as 002_cdc_relay_state.sql spells it (CDC_RELAY_STATE_SCHEMA's default).
 _FILE_STATE_SCHEMA = re.compile(r"\bcdc_relay\b")
-# 004_outbox_emit.sql: the function's body between its dollar quotes, and the prefix argument in it.
-_EMIT_BODY = re.compile(r"^(?P<head>.*\n)AS \$\$\n(?P<body>.*\n)\$\$;\s*$", re.DOTALL)
+# 004_outbox_emit.sql: the function's body between its dollar quotes, and the prefix argument in
+# it; then the statements that make it the only way to emit (its grants, the REVOKEs from PUBLIC).
+_EMIT_BODY = re.compile(
+    r"^(?P<head>.*?\n)AS \$\$\n(?P<body>.*?\n)\$\$;\n(?P<tail>.*\S.*)$", re.DOTALL
+)
 _EMIT_PREFIX_LINE = "        'outbox',\n"
 # 003_publication.sql: a DO block; the publication's name (as a value and as a name) and its table.
 _DO_BLOCK = re.compile(r"^(?P<head>.*\n)DO \$\$\n(?P<body>.*\n)\$\$;\s*$", re.DOTALL)
@@ -51,18 +54,29 @@ def state_table_ddl(schema: str) -> sql.Composed:
     return sql.SQL(template).format(schema=sql.Identifier(schema))
 
 
+def _emit_parts() -> re.Match[str]:
+    match = _EMIT_BODY.match(packaged_sql(EMIT_SQL))
+    if match is None or match["body"].count(_EMIT_PREFIX_LINE) != 1:
+        raise SourceSetupError(f"sql/{EMIT_SQL} does not have the expected prefix argument")
+    return match
+
+
 def emit_function_ddl(prefix: str, conn: psycopg.Connection[Any] | None) -> sql.Composed:
-    """``sql/004_outbox_emit.sql`` with its message prefix set to ``prefix``.
+    """``sql/004_outbox_emit.sql``'s ``CREATE FUNCTION`` with its message prefix set to ``prefix``.
 
     The prefix is a literal inside the function body, and the body a literal of the
     ``CREATE FUNCTION``: both quoted by psycopg (for ``conn``), so no prefix can end either early.
     """
-    match = _EMIT_BODY.match(packaged_sql(EMIT_SQL))
-    if match is None or match["body"].count(_EMIT_PREFIX_LINE) != 1:
-        raise SourceSetupError(f"sql/{EMIT_SQL} does not have the expected prefix argument")
+    match = _emit_parts()
     before, after = match["body"].split(_EMIT_PREFIX_LINE)
     body = before + f"        {sql.Literal(prefix).as_string(conn)},\n" + after
     return sql.Composed([sql.SQL(match["head"] + "AS "), sql.Literal(body), sql.SQL(";")])
+
+
+def emit_privileges_ddl() -> bytes:
+    """The rest of ``sql/004_outbox_emit.sql``: ``outbox_emit`` no longer executable by PUBLIC,
+    nor any overload of ``pg_logical_emit_message``. Our own text, no names from settings."""
+    return _emit_parts()["tail"].encode()
 
 
 def _publication_template() -> str:

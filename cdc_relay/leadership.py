@@ -28,6 +28,14 @@ connection stands (e.g. its ``statement_timeout``, a quarter of the lease, behin
 lease row) does not: the lock and the lease are still this relay's, so it retries while the lease
 lasts, and a failover would be needless churn.
 
+Advisory locks need no privilege: any role that can connect may take the lock. Such a holder —
+its role is not the relay's, no lease names it (:func:`foreign_holder`) — is reported (log,
+``/status``, ``check``) and not waited for: relays then lead by the lease alone, which only the
+relay's role may update. A relay takes it only when no live relay holds it (unexpired and its
+lock connection still there, :data:`_LEASE_FREE`), in one conditional statement on the locked
+row, so one of two wins; takeovers from a dead or hung leader work as above, and the leader takes
+the lock back at a renewal once it is free.
+
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
 record nor the slot can be moved by the one that lost.
@@ -42,6 +50,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
@@ -69,6 +78,60 @@ def terminate_backend(conn: Connection, pid: int) -> bool:
     return bool(row and row[0])
 
 
+@dataclass(frozen=True)
+class ForeignHolder:
+    """A session holding the leader lock that is no relay of this slot: not of the relay's role,
+    and named by no lease. While it holds the lock, relays lead by their lease alone."""
+
+    pid: int
+    role: str | None  # None: pg_stat_activity does not show the backend
+
+    def describe(self) -> str:
+        return f"pid {self.pid}, role {self.role or 'unknown'}"
+
+    def fix(self, slot: str) -> str:
+        return (
+            f"end it: as a superuser, SELECT pg_terminate_backend({self.pid}); then find out who "
+            f"runs role {self.role or 'unknown'} — any role that may connect to this database can "
+            f"take advisory locks such as pg_advisory_lock({LOCK_CLASS}, hashtext('{slot}')), "
+            "so let only trusted roles connect (REVOKE CONNECT ON DATABASE … FROM PUBLIC)"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "role": self.role}
+
+
+def foreign_holder(conn: Connection, state_schema: str, slot: str) -> ForeignHolder | None:
+    """The session holding ``slot``'s leader lock when it is no relay: its role is not this
+    session's and no lease row names it. None when the lock is free or a relay holds it (or may:
+    one of the relay's role that has not written its lease yet)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT k.pid, a.usename FROM pg_locks k "
+            "LEFT JOIN pg_stat_activity a ON a.pid = k.pid "
+            "WHERE k.locktype = 'advisory' AND k.granted AND k.classid = %s "
+            "AND k.objid = hashtext(%s)::oid AND k.objsubid = 2 "
+            "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND a.usename IS DISTINCT FROM session_user "
+            "AND NOT EXISTS (SELECT FROM {} l WHERE l.slot_name = %s AND l.lock_pid = k.pid)"
+        ).format(sql.Identifier(state_schema, LEASE_TABLE)),
+        (LOCK_CLASS, slot, slot),
+    ).fetchone()
+    if row is None:
+        return None
+    return ForeignHolder(int(str(row[0])), None if row[1] is None else str(row[1]))
+
+
+# The lease row's (alias l) lock connection is still there: a backend of this role with its pid
+# that began before the last renewal (so not a later backend that reuses the pid).
+_LEASE_HOLDER_ALIVE = sql.SQL(
+    "EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = l.lock_pid "
+    "AND a.usename = session_user AND a.backend_start <= l.renewed_at)"
+)
+# The lease row names no live relay: ours (%s: this holder), expired, or its connection gone.
+_LEASE_FREE = sql.SQL("l.holder = %s OR l.expires_at < now() OR NOT {}").format(_LEASE_HOLDER_ALIVE)
+
+
 def holder_id() -> str:
     """This process's name in the lease: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -83,6 +146,8 @@ class Leadership:
         self.became_leader = threading.Event()
         self.leader_seen: str | None = None  # the lease's holder, as a standby last read it
         self.predecessor_stream_pid: int | None = None  # the walsender of the one we replaced
+        # A session that is no relay holding the lock, as a standby last saw it (None: none).
+        self.foreign_holder: ForeignHolder | None = None
         self._lease = sql.Identifier(settings.state_schema, LEASE_TABLE)
         self._timeout = settings.leader_lease_timeout
         self._conn: Connection | None = None
@@ -92,6 +157,7 @@ class Leadership:
         renewal_ms = round(self._timeout * RENEWAL_TIMEOUT_SHARE * 1000)
         self._renewal_timeout = sql.Literal(f"{renewal_ms}ms")
         self._renewed_at = 0.0  # monotonic time taken before the last successful renewal
+        self._holds_lock = False  # a leader holds the lock, unless a squatter does (lease alone)
         self._resign = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -220,6 +286,7 @@ class Leadership:
 
     def _close(self) -> None:
         self._renewal_failing = False
+        self._holds_lock = False
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -229,8 +296,17 @@ class Leadership:
         conn = self._connection()
         slot = self.settings.slot_name
         started = time.monotonic()
-        if not self._try_lock(conn) and not (self._end_hung_holder(conn) and self._try_lock(conn)):
+        if self._try_lock(conn) or (self._end_hung_holder(conn) and self._try_lock(conn)):
+            self._holds_lock = True
+        elif self.foreign_holder is not None and self._lease_free(conn):
+            self._holds_lock = False  # a squatter holds the lock: lead by the lease alone
+        else:
             return False
+        # The lock's holder takes the lease as it is. Without the lock, or with a lock a squatter
+        # has just let go (a relay may lead by its lease alone), only a lease no live relay holds
+        # — checked again on the locked row, so that of two relays one wins.
+        conditional = not self._holds_lock or self.foreign_holder is not None
+        condition = sql.SQL(" WHERE ") + _LEASE_FREE if conditional else sql.SQL("")
         with conn.transaction():
             previous = conn.execute(
                 sql.SQL("SELECT holder, stream_pid FROM {} WHERE slot_name = %s FOR UPDATE").format(
@@ -238,34 +314,89 @@ class Leadership:
                 ),
                 (slot,),
             ).fetchone()
-            conn.execute(
+            cursor = conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (slot_name, holder, lock_pid, stream_pid, renewed_at, "
+                    "INSERT INTO {} AS l (slot_name, holder, lock_pid, stream_pid, renewed_at, "
                     "expires_at) VALUES (%s, %s, pg_backend_pid(), NULL, now(), "
                     "now() + make_interval(secs => %s)) ON CONFLICT (slot_name) DO UPDATE SET "
                     "holder = EXCLUDED.holder, lock_pid = EXCLUDED.lock_pid, stream_pid = NULL, "
-                    "renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at"
-                ).format(self._lease),
-                (slot, self.holder, self._timeout),
+                    "renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at{}"
+                ).format(self._lease, condition),
+                (slot, self.holder, self._timeout) + ((self.holder,) if conditional else ()),
             )
+        if cursor.rowcount != 1:  # a live relay holds the lease: it takes the lock at its renewal
+            if self._holds_lock:
+                self._holds_lock = False
+                conn.execute(
+                    "SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                    (LOCK_CLASS, self.settings.slot_name),
+                )
+            return False
         self.predecessor_stream_pid = (
             int(str(previous[1])) if previous and previous[1] is not None else None
         )
         self._renewed_at = started
         self._leading = True
         self.leader_seen = self.holder
-        log.info(
-            "leading",
-            extra={
-                "fields": {
-                    "slot": slot,
-                    "holder": self.holder,
-                    "previous": str(previous[0]) if previous else None,
-                }
-            },
-        )
+        fields: dict[str, object] = {
+            "slot": slot,
+            "holder": self.holder,
+            "previous": str(previous[0]) if previous else None,
+        }
+        squatter = self.foreign_holder
+        if self._holds_lock:
+            self._note_foreign_holder(None)
+            log.info("leading", extra={"fields": fields})
+        elif squatter is not None:
+            fields.update(lock_pid=squatter.pid, lock_role=squatter.role)
+            log.warning(
+                "leading by the lease alone: the leader lock is held by a session that is no relay",
+                extra={"fields": fields},
+            )
         self.became_leader.set()
         return True
+
+    def _lease_free(self, conn: Connection) -> bool:
+        """Without the lock (a squatter holds it): may this relay take the lease? Yes unless a
+        live relay holds it unexpired; a holder that has hung (expired, its backend still there)
+        has its connections ended first, as :meth:`_end_hung_holder` does."""
+        row = conn.execute(
+            sql.SQL(
+                "SELECT l.holder, l.expires_at < now(), l.lock_pid, l.stream_pid, {} "
+                "FROM {} l WHERE l.slot_name = %s"
+            ).format(_LEASE_HOLDER_ALIVE, self._lease),
+            (self.settings.slot_name,),
+        ).fetchone()
+        if row is None:
+            return True
+        holder, expired, lock_pid, stream_pid, alive = row
+        if not alive or holder == self.holder:
+            return True  # its relay is gone (its walsender is ended when streaming starts)
+        self.leader_seen = str(holder)
+        if not expired:
+            return False
+        return self._end_connections(conn, str(holder), int(str(lock_pid)), stream_pid)
+
+    def _note_foreign_holder(self, found: ForeignHolder | None) -> None:
+        previous, self.foreign_holder = self.foreign_holder, found
+        if found is not None and found != previous:
+            log.error(
+                "the leader lock is held by a session that is no relay: relays of this slot lead "
+                "by their lease alone while it holds it",
+                extra={
+                    "fields": {
+                        "slot": self.settings.slot_name,
+                        "pid": found.pid,
+                        "role": found.role,
+                        "fix": found.fix(self.settings.slot_name),
+                    }
+                },
+            )
+        elif found is None and previous is not None:
+            log.info(
+                "the session that held the leader lock is gone",
+                extra={"fields": {"pid": previous.pid, "role": previous.role}},
+            )
 
     def _try_lock(self, conn: Connection) -> bool:
         row = conn.execute(
@@ -277,6 +408,9 @@ class Leadership:
     def _renew(self) -> None:
         conn = self._connection()
         started = time.monotonic()
+        if not self._holds_lock and self._try_lock(conn):
+            self._holds_lock = True  # the squatter let go: the lock is ours again
+            self._note_foreign_holder(None)
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(self._renewal_timeout))
             cursor = conn.execute(
@@ -314,15 +448,25 @@ class Leadership:
         ).fetchone()
         if row is None:
             # The lock's holder has not written its lease yet (it just took the lock), or it is
-            # no relay of this version: wait, never end a backend whose lease we cannot see.
+            # no relay at all: never end a backend whose lease we cannot see, but say so when it
+            # is not of the relay's role — relays then lead by their lease alone.
+            self._note_foreign_holder(foreign_holder(conn, self.settings.state_schema, slot))
             return False
+        self._note_foreign_holder(None)
         holder, expired, lock_pid, stream_pid = row
         self.leader_seen = str(holder)
         if not expired:
             return False
+        return self._end_connections(conn, str(holder), int(str(lock_pid)), stream_pid)
+
+    def _end_connections(
+        self, conn: Connection, holder: str, lock_pid: int, stream_pid: object
+    ) -> bool:
+        """End a hung leader's lock connection and walsender; True when that was allowed."""
+        slot = self.settings.slot_name
         log.warning(
             "the leader's lease expired: ending its connections and taking over",
-            extra={"fields": {"slot": slot, "stale_holder": str(holder)}},
+            extra={"fields": {"slot": slot, "stale_holder": holder}},
         )
         try:
             conn.execute(

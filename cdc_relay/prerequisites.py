@@ -15,6 +15,7 @@ behind the relay's back) belong to :mod:`cdc_relay.checkpoint`, which decides wh
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from cdc_relay.checkpoint import (
     resolve_start,
 )
 from cdc_relay.config import OutboxTable, Plugin, Settings, sql_name
-from cdc_relay.ddl import OUTBOX_SQL, create_publication_statement
+from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, create_publication_statement
 from cdc_relay.errors import (
     ConfigError,
     PositionMismatch,
@@ -38,6 +39,7 @@ from cdc_relay.errors import (
     SlotInUse,
     SourceSetupError,
 )
+from cdc_relay.leadership import foreign_holder
 from cdc_relay.lsn import format_lsn
 from cdc_relay.publication_filter import find_mismatch, row_filters_supported
 from cdc_relay.record_origin import history_switches, problem, refusal
@@ -57,7 +59,16 @@ from cdc_relay.replication.source import (
 from cdc_relay.replication.stream import timeline_history
 from cdc_relay.row_key import resolve_row_key
 
+log = logging.getLogger(__name__)
+
 PROBE_TIMEOUT = "5s"
+# The functions (p: pg_proc) whose callers can write a table-less event: every overload of
+# pg_logical_emit_message, and an outbox_emit running as its owner (sql/004_outbox_emit.sql).
+_EMITTERS = sql.SQL(
+    "(p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace) "
+    "OR (p.proname = 'outbox_emit' AND p.prosecdef)"
+)
+MAX_ROLES_SHOWN = 10
 
 ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "character varying", "bytea"})
@@ -112,11 +123,18 @@ def require(conn: Connection, settings: Settings) -> None:
     ]
     steps += [(f"table {t.table}", partial(checks.table_columns, t)) for t in checks.tables]
     steps.append(("publication", checks.publication_covers))
+    if settings.messages:
+        steps.append(("messages", checks.messages))
     for name, probe in steps:
         try:
             probe()
         except Unmet as exc:
             raise exc.error(f"{name}: {exc.fix}") from None
+    if not settings.messages and checks.emit_functions():
+        log.warning(
+            "table-less messages are off, yet outbox_emit exists: what it writes is not relayed",
+            extra={"fields": {"fix": "set CDC_RELAY_MESSAGES=true if writers use it"}},
+        )
 
 
 def require_usable_slot(conn: Connection, settings: Settings, slot: SlotState) -> None:
@@ -436,6 +454,16 @@ class Prerequisites:
         that ends the leader's backends (pg_terminate_backend), allowed for backends of a role
         whose privileges this one has, or with pg_signal_backend; a superuser's only to one."""
         lease = sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+        slot = self.settings.slot_name
+        try:
+            squatter = foreign_holder(self.conn, self.settings.state_schema, slot)
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            squatter = None  # no lease table to tell relays by: the state table check says why
+        if squatter is not None:
+            raise Unmet(
+                f"the leader lock is held by a session that is no relay ({squatter.describe()}): "
+                f"no relay can lead while it holds it; {squatter.fix(slot)}"
+            )
         try:
             row = self.conn.execute(
                 sql.SQL(
@@ -462,6 +490,55 @@ class Prerequisites:
             )
         who = f" as role {role}" if role else ""
         return f"relay {holder} {state}{who}; {self.user} may take over from it"
+
+    def messages(self) -> str:
+        """Table-less messages: off, or on with only roles the operator chose able to write one.
+        Any role that may execute ``pg_logical_emit_message`` can publish an event, and PostgreSQL
+        lets PUBLIC; so may anyone allowed to call a SECURITY DEFINER ``outbox_emit``."""
+        if not self.settings.messages:
+            emit = self.emit_functions()
+            if emit:
+                return (
+                    f"off; function {', '.join(emit)} exists, but what it writes is not relayed: "
+                    "set CDC_RELAY_MESSAGES=true if writers use it (or drop it)"
+                )
+            return "off (CDC_RELAY_MESSAGES): table-less messages are not relayed"
+        rows = self.conn.execute(
+            sql.SQL(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE ({}) "
+                "AND has_function_privilege('public', p.oid, 'EXECUTE') ORDER BY 1"
+            ).format(_EMITTERS)
+        ).fetchall()
+        if rows:
+            public = [str(r[0]) for r in rows]
+            revokes = " ".join(f"REVOKE EXECUTE ON FUNCTION {f} FROM PUBLIC;" for f in public)
+            raise Unmet(
+                f"CDC_RELAY_MESSAGES is on and PUBLIC may execute {', '.join(public)}: any role "
+                "could publish an event. Run python -m cdc_relay setup as a superuser "
+                f"(sql/{EMIT_SQL}), or as a superuser: {revokes} Then grant writers "
+                f"EXECUTE on outbox_emit only"
+            )
+        roles = [
+            str(r[0])
+            for r in self.conn.execute(
+                sql.SQL(
+                    "SELECT DISTINCT r.rolname FROM pg_roles r, pg_proc p WHERE NOT r.rolsuper "
+                    "AND r.rolname !~ '^pg_' AND ({}) "
+                    "AND has_function_privilege(r.oid, p.oid, 'EXECUTE') ORDER BY 1"
+                ).format(_EMITTERS)
+            ).fetchall()
+        ]
+        shown = ", ".join(roles[:MAX_ROLES_SHOWN]) or "none"
+        if len(roles) > MAX_ROLES_SHOWN:
+            shown += f" and {len(roles) - MAX_ROLES_SHOWN} more"
+        prefix = self.settings.message_prefix
+        return f"on, prefix {prefix!r}; roles that may emit besides superusers: {shown}"
+
+    def emit_functions(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'outbox_emit' ORDER BY 1"
+        ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def _recorded(self) -> int | None:
         try:

@@ -57,10 +57,10 @@ from cdc_relay.replication.failover import (
     wants_failover,
 )
 from cdc_relay.replication.source import (
+    Heartbeats,
     SlotState,
     SourceDatabase,
     connect,
-    emit_heartbeat,
     retained_wal,
     slot_state,
 )
@@ -117,10 +117,15 @@ class Relay:
         self.topic_rules: TopicRules | None = None
         self.leadership = Leadership(settings)
         self.stats.lease_valid = lambda: self.leadership.leading
+        self.stats.foreign_lock_holder = self._foreign_lock_holder
         # The start-up check's connection, handed to the first session if this process leads at
         # once: that session then neither connects nor checks again.
         self._checked: Connection | None = None
         self._checked_at = 0.0
+
+    def _foreign_lock_holder(self) -> dict[str, object] | None:
+        found = self.leadership.foreign_holder
+        return None if found is None else found.as_dict()
 
     @property
     def leading(self) -> bool:
@@ -284,7 +289,21 @@ class Relay:
                 return True
             if self._checked is not None and now - self._checked_at > CHECKED_FRESH:
                 self._drop_checked()  # a standby keeps no idle connection
-            if now >= next_log:
+            squatter = leadership.foreign_holder
+            if now >= next_log and squatter is not None:
+                next_log = now + STANDBY_LOG_INTERVAL
+                log.error(
+                    "standby: the leader lock is held by a session that is no relay",
+                    extra={
+                        "fields": {
+                            "slot": self.settings.slot_name,
+                            "pid": squatter.pid,
+                            "role": squatter.role,
+                            "fix": squatter.fix(self.settings.slot_name),
+                        }
+                    },
+                )
+            elif now >= next_log:
                 next_log = now + STANDBY_LOG_INTERVAL
                 log.info(
                     "standby: another relay leads; taking over when it stops or its lease expires",
@@ -436,7 +455,7 @@ class Relay:
             sink=self._publisher,
             store=store,
             start=start,
-            heartbeat=lambda: emit_heartbeat(conn),
+            heartbeat=Heartbeats(conn),
             retained_wal=lambda: retained_wal(conn, settings.slot_name),
             offsets=offsets,
             reconciliation=reconciliation,

@@ -189,6 +189,9 @@ class Session:
         self.decode = decoder_for(settings)
         self.tables = {table.schema_and_name: table for table in settings.tables()}
         self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
+        # The prefix of the messages relayed; None while they are off (no prefix equals it).
+        self.message_prefix: str | None = settings.message_prefix if settings.messages else None
+        self.dropped_message_logged = False
         self.mappings: dict[int, OutboxMapping] = {}
         # Tables with a row filter: off the hot path, each row tested first (None: the relation
         # lacks a filter column, so its rows cannot be told apart and are refused).
@@ -273,12 +276,14 @@ class Session:
                         if (
                             message.transactional
                             and txn is not None
-                            and message.prefix == self.messages.prefix
+                            and message.prefix == self.message_prefix
                         ):
                             if callback is None or callback_table is not self.messages.table:
                                 callback = self.tracker.callback(txn, self.messages.table)
                                 callback_table = self.messages.table
                             self.publish(self.messages, message.content, txn, callback)
+                        elif message.prefix == self.messages.prefix:
+                            self.dropped_message(message)
                     elif isinstance(message, StreamStart):
                         raise ProtocolError("received a streamed transaction, but streaming is off")
                     # Origin, Type, Update, Delete, Truncate: nothing to relay.
@@ -360,6 +365,26 @@ class Session:
                 cached = (txn, mapping.table, self.tracker.callback(txn, mapping.table))
                 self.filtered_callback = cached
             self.publish(mapping, message.new, txn, cached[2])
+
+    def dropped_message(self, message: LogicalMessage) -> None:
+        """A message with the relayed prefix while messages are off (wal2json cannot be asked
+        for none): dropped, and said once per session — any role may emit one."""
+        if (
+            self.message_prefix is None
+            and message.transactional
+            and not self.dropped_message_logged
+        ):
+            self.dropped_message_logged = True
+            log.warning(
+                "dropped a table-less message: CDC_RELAY_MESSAGES is off",
+                extra={
+                    "fields": {
+                        "prefix": message.prefix,
+                        "fix": "set CDC_RELAY_MESSAGES=true to relay them (see the README's "
+                        "'No table at all')",
+                    }
+                },
+            )
 
     def ignore(self, relation_id: int) -> None:
         if relation_id not in self.ignored_relations:

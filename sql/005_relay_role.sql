@@ -28,6 +28,11 @@ GRANT SELECT, INSERT, UPDATE ON cdc_relay.slot_position TO relay;
 -- to backends of the same role without any grant: run every relay of a slot as this one role.
 GRANT SELECT, INSERT, UPDATE ON cdc_relay.leader_lease TO relay;
 
+-- Heartbeats (CDC_RELAY_HEARTBEAT_INTERVAL) are non-transactional logical messages with a prefix
+-- of their own, never relayed. PUBLIC may emit them unless table-less messages are on
+-- (sql/004_outbox_emit.sql revokes that); the relay's role keeps the right either way.
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO relay;
+
 -- Not granted, because not needed: CREATE on the database or any schema (no DDL at start when
 -- the objects above exist), ownership of the outbox (only to create the publication, which
 -- sql/003_publication.sql does as the owner). CONNECT on the database comes from PUBLIC; if you

@@ -64,6 +64,7 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
             run("state table", checks.state_table)
             run("publication", checks.publication)
             run("slot", checks.slot)
+            run("messages", checks.messages)
             run("leadership", checks.leadership)
             run("failover", checks.failover)
             run("wal2json", checks.wal2json)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import psycopg
+
 from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot
 from cdc_relay.commands.output import print_line
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings
-from cdc_relay.ddl import OUTBOX_SQL, emit_function_ddl, packaged_sql
+from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, emit_function_ddl, emit_privileges_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites import Prerequisites, Unmet, require
@@ -95,11 +97,7 @@ class _Setup:
             raise _SetupFailed(f"state table: {exc}", exc.exit_code) from None
         self.report(created, f"state table {self.store.inspect().name}")
 
-        exists = scalar(conn, "SELECT to_regprocedure(%s) IS NOT NULL", EMIT_SIGNATURE) is True
-        if not exists:
-            conn.execute(emit_function_ddl(settings.message_prefix, conn))
-        prefix = settings.message_prefix
-        self.report(not exists, f"function {EMIT_SIGNATURE} (message prefix {prefix!r})")
+        self.messages()
 
         try:
             require(conn, settings)
@@ -118,6 +116,38 @@ class _Setup:
         tables = ", ".join(t.table for t in settings.tables())
         self.report(created, f"publication {settings.publication_name} ({tables}; inserts)")
         self.slot()
+
+    def messages(self) -> None:
+        """With messages on, ``sql/004_outbox_emit.sql``: ``outbox_emit`` (re)made the writers'
+        one way to emit, and PUBLIC's EXECUTE on ``pg_logical_emit_message`` revoked — verified,
+        as a REVOKE by a role that may not only warns. With messages off, nothing."""
+        conn, settings = self.conn, self.settings
+        if not settings.messages:
+            return
+        exists = scalar(conn, "SELECT to_regprocedure(%s) IS NOT NULL", EMIT_SIGNATURE) is True
+        checks = Prerequisites(conn, settings)
+        try:
+            checks.messages()
+            revoked = False
+        except Unmet:
+            revoked = True  # PUBLIC may emit now: this run revokes it
+        try:
+            with conn.transaction():
+                conn.execute(emit_function_ddl(settings.message_prefix, conn))
+                conn.execute(emit_privileges_ddl())  # our own trusted DDL
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _SetupFailed(
+                f"function {EMIT_SIGNATURE}: {exc.diag.message_primary or exc}: run setup (or "
+                f"sql/{EMIT_SQL}) as a superuser",
+                3,
+            ) from None
+        prefix = settings.message_prefix
+        self.report(not exists, f"function {EMIT_SIGNATURE} (message prefix {prefix!r})")
+        try:
+            found = checks.messages()
+        except Unmet as exc:
+            raise _SetupFailed(f"privileges on pg_logical_emit_message: {exc.fix}", 3) from None
+        self.report(revoked, f"privileges on pg_logical_emit_message: not PUBLIC's; {found}")
 
     def slot(self) -> None:
         settings = self.settings

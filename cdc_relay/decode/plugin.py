@@ -28,13 +28,16 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
     if settings.plugin is Plugin.WAL2JSON:
         from cdc_relay.decode.wal2json import plugin_options  # noqa: PLC0415 - this plugin's only
 
+        # wal2json has no switch for messages: with them off the prefix still narrows what is
+        # sent, and the session drops what arrives.
         return plugin_options(
             [t.table for t in settings.tables()], message_prefixes=(settings.message_prefix,)
         )
     return {
         "proto_version": PGOUTPUT_PROTO_VERSION,
         "publication_names": sql.Identifier(settings.publication_name).as_string(None),
-        "messages": "true",  # the table-less outbox (pg_logical_emit_message)
+        # The table-less outbox (pg_logical_emit_message), only when the operator enabled it.
+        "messages": "true" if settings.messages else "false",
     }
 
 

@@ -82,6 +82,8 @@ class RelayStats:
     # The leadership's own view (its lease by the local clock): a leader whose loop is blocked,
     # e.g. on a connection into a partition, still stops saying it leads once its lease ran out.
     lease_valid: Callable[[], bool] = lambda: True
+    # A session that is no relay holding the leader lock (pid, role), as the leadership saw it.
+    foreign_lock_holder: Callable[[], dict[str, object] | None] = lambda: None
     last_loop: float = field(default_factory=time.monotonic)
     delivery_stalled: bool = False
     sweeper: SweeperCounters | None = None  # set when the relay runs its sweeper
@@ -113,6 +115,7 @@ class RelayStats:
         """The numbers ``status`` and ``/status`` show."""
         return {
             "role": "leader" if self.leading else "standby",
+            "leader_lock_held_by": self.foreign_lock_holder(),
             "streaming": self.streaming,
             "uptime_s": round(time.time() - self.started_at, 1),
             "start_replication_monotonic": self.start_replication_monotonic,

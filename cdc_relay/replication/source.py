@@ -7,6 +7,7 @@ checks of what it needs live in :mod:`cdc_relay.prerequisites`. A failure become
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from cdc_relay.publication_filter import (
     row_filters_supported,
 )
 from cdc_relay.replication.stream import APPLICATION_NAME
+
+log = logging.getLogger(__name__)
 
 MIN_SERVER_VERSION = 140000
 FAILOVER_SERVER_VERSION = 170000  # failover slots, slot synchronisation
@@ -267,3 +270,32 @@ def emit_heartbeat(conn: Connection) -> None:
         conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
     except psycopg.OperationalError as exc:
         raise SourceUnavailable(f"cannot emit a heartbeat: {exc}") from None
+
+
+class Heartbeats:
+    """:func:`emit_heartbeat` on one connection, until the role turns out not to be allowed to
+    (``pg_logical_emit_message`` revoked from PUBLIC for table-less messages, and not granted to
+    the relay's role): said once, then heartbeats are off — the relay works on without them."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.refused = False
+
+    def __call__(self) -> None:
+        if self.refused:
+            return
+        try:
+            emit_heartbeat(self.conn)
+        except psycopg.errors.InsufficientPrivilege:
+            self.refused = True
+            user = self.conn.info.user
+            log.warning(
+                "heartbeats are off: this role may not execute pg_logical_emit_message",
+                extra={
+                    "fields": {
+                        "fix": "as a superuser: GRANT EXECUTE ON FUNCTION pg_catalog."
+                        f"pg_logical_emit_message(boolean, text, text) TO {user} (or "
+                        "CDC_RELAY_HEARTBEAT_INTERVAL=0)"
+                    }
+                },
+            )

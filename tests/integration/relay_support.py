@@ -66,6 +66,17 @@ def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> d
     return env
 
 
+def trust_messages(database_url: str) -> dict[str, str]:
+    """Table-less messages on, as an operator makes them a trusted path: PUBLIC may no longer
+    execute pg_logical_emit_message (tests emit as the superuser). Returns the relay's setting."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for (emit,) in conn.execute(
+            "SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'pg_logical_emit_message'"
+        ).fetchall():
+            conn.execute(f"REVOKE EXECUTE ON FUNCTION {emit} FROM PUBLIC".encode())
+    return {"CDC_RELAY_MESSAGES": "true"}
+
+
 def create_outbox(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(OUTBOX_DDL.encode())  # a trusted file of our own

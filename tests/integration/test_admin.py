@@ -35,7 +35,16 @@ from tests.kafka_helpers import consume_all
 
 pytestmark = pytest.mark.integration
 
-SETUP_ITEMS = ("table", "state table", "function", "publication", "replication slot")
+SETUP_ITEMS = ("table", "state table", "publication", "replication slot")
+# With table-less messages on, setup also makes outbox_emit the one way to emit them.
+SETUP_ITEMS_WITH_MESSAGES = (
+    "table",
+    "state table",
+    "function",
+    "privileges",
+    "publication",
+    "replication slot",
+)
 
 
 def cdc_relay(
@@ -99,14 +108,19 @@ def test_setup_on_an_empty_database_then_the_relay_works(
     assert "created replication slot" not in relay.logs(), "setup's slot and record were used"
 
 
-def test_setup_twice_is_idempotent(env: dict[str, str]) -> None:
+@pytest.mark.parametrize("messages", [False, True])
+def test_setup_twice_is_idempotent(env: dict[str, str], messages: bool) -> None:
+    env = {**env, "CDC_RELAY_MESSAGES": str(messages).lower()}
+    items = SETUP_ITEMS_WITH_MESSAGES if messages else SETUP_ITEMS
     first = cdc_relay(env, "setup", "--create-outbox")
     assert first.returncode == 0, first.stdout + first.stderr
+    for line, item in zip(first.stdout.splitlines(), items, strict=True):
+        assert line.startswith(f"created {item} "), line
     second = cdc_relay(env, "setup", "--create-outbox")
     assert second.returncode == 0, second.stdout + second.stderr
     lines = second.stdout.splitlines()
-    assert len(lines) == len(SETUP_ITEMS)
-    for line, item in zip(lines, SETUP_ITEMS, strict=True):
+    assert len(lines) == len(items)
+    for line, item in zip(lines, items, strict=True):
         assert line.startswith(f"exists  {item} "), line
     # The slot is the same one: same position printed.
     assert first.stdout.splitlines()[-1].split()[-1] == lines[-1].split()[-1]
@@ -164,6 +178,7 @@ def test_setup_create_outbox_is_only_for_the_default_table(env: dict[str, str]) 
 
 
 def test_outbox_emit_writes_a_transactional_message(database: str, env: dict[str, str]) -> None:
+    env = {**env, "CDC_RELAY_MESSAGES": "true"}
     assert cdc_relay(env, "setup", "--create-outbox").returncode == 0
     peek_slot = f"peek_{uuid.uuid4().hex[:8]}"
     publication = env["CDC_RELAY_PUBLICATION_NAME"]
@@ -221,6 +236,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "state table",
         "publication",
         "slot",
+        "messages",
         "leadership",
         "failover",
         "broker",
@@ -232,6 +248,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
     assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")
+    assert lines["messages"].startswith("ok   messages: off (CDC_RELAY_MESSAGES)")
     # Failover slots came with PostgreSQL 17: before, check says what a failover does.
     assert "failover slot" in lines["failover"] or "has no failover slots" in lines["failover"]
 

@@ -33,7 +33,7 @@ from tests.integration.hostile_support import (
     insert,
     outbox_tables_setting,
 )
-from tests.integration.relay_support import RelayProcess, relay_env, scalar
+from tests.integration.relay_support import RelayProcess, relay_env, scalar, trust_messages
 from tests.kafka_helpers import Record, _record
 
 # Each runs for both output plugins (pgoutput, wal2json): the decoders meet the hostile values too.
@@ -300,6 +300,7 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
         topic_template=events,
         outbox_tables=outbox_tables_setting(),
     )
+    env.update(trust_messages(database))
     relay = RelayProcess(env).start()
     reader = _Reader(broker.bootstrap_servers, [events, dead_letter])
     outcomes: list[str] = []
@@ -383,6 +384,7 @@ def test_under_the_stop_policy_a_hostile_row_is_published_or_stops_cleanly(
     broker.create_topic(dead_letter)
     reader = _Reader(broker.bootstrap_servers, [events, dead_letter])
     outcomes: list[str] = []
+    messages = trust_messages(database)
 
     @settings(
         max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None
@@ -400,6 +402,7 @@ def test_under_the_stop_policy_a_hostile_row_is_published_or_stops_cleanly(
             slot_name=slot,
             publication_name=f"pub_{unique}",
         )
+        env.update(messages)
         relay = RelayProcess({**env, "CDC_RELAY_POISON_POLICY": "stop"}).start()
         try:
             relay.wait_streaming()

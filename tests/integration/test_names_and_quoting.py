@@ -56,7 +56,9 @@ def _emitted_prefixes(database: str, publication: str, call: str) -> list[bytes]
 def test_a_hostile_message_prefix_is_a_value_never_sql(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
-    env = relay_env(database, broker.bootstrap_servers, unique, message_prefix=HOSTILE_PREFIX)
+    env = relay_env(
+        database, broker.bootstrap_servers, unique, message_prefix=HOSTILE_PREFIX, messages="true"
+    )
     with psycopg.connect(database, autocommit=True) as conn:
         # As in the report: with bodies unchecked, a prefix ending the $$ body ran its SQL.
         conn.execute(

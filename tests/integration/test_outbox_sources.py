@@ -18,6 +18,7 @@ from tests.integration.relay_support import (
     relay_env,
     scalar,
     slot_confirmed_lsn,
+    trust_messages,
     wait_until,
 )
 from tests.kafka_helpers import Record, consume_all
@@ -42,7 +43,8 @@ def test_logical_messages_are_events_in_commit_order_with_rows(
     create_outbox(database)
     topic = f"{unique}.order"
     broker.create_topic(topic, partitions=1)
-    relay = RelayProcess(relay_env(database, broker.bootstrap_servers, unique)).start()
+    env = {**relay_env(database, broker.bootstrap_servers, unique), **trust_messages(database)}
+    relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
         expected: list[str] = []

@@ -9,6 +9,7 @@ from cdc_relay.ddl import (
     STATE_SQL,
     create_publication_statement,
     emit_function_ddl,
+    emit_privileges_ddl,
     packaged_sql,
     publication_ddl,
     state_table_ddl,
@@ -38,6 +39,21 @@ def test_the_emit_function_body_is_one_literal_holding_the_prefix_literal() -> N
     # literal inside the function, once more as part of the function's body literal).
     inner = sql.Literal(prefix).as_string(None)
     assert inner.replace("'", "''") in body
+
+
+def test_outbox_emit_runs_as_its_owner_and_is_the_only_way_to_emit() -> None:
+    head = emit_function_ddl("outbox", None).as_string(None).partition("\nAS ")[0]
+    assert "SECURITY DEFINER" in head
+    assert "SET search_path = pg_catalog, pg_temp" in head
+    tail = emit_privileges_ddl().decode()
+    assert tail.startswith("-- ")
+    assert (
+        "REVOKE EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, jsonb) FROM PUBLIC;"
+        in tail
+    )
+    assert "proname = 'pg_logical_emit_message'" in tail
+    assert "REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC" in tail
+    assert "CREATE" not in tail
 
 
 OUTBOX = (OutboxTable(table="public.outbox"),)

@@ -17,7 +17,7 @@ from cdc_relay.decode.messages import Begin, Insert, LogicalMessage, Relation
 DATA_START = 0x16_B374_D848
 
 
-def settings(plugin: str) -> Settings:
+def settings(plugin: str, messages: bool = False) -> Settings:
     return Settings.model_validate(
         {
             "database_url": "postgresql://relay@db.example/app",
@@ -25,6 +25,7 @@ def settings(plugin: str) -> Settings:
             "publication_name": "outbox_pub",
             "outbox_table": "public.outbox",
             "plugin": plugin,
+            "messages": messages,
         }
     )
 
@@ -35,11 +36,15 @@ def frame(payload: bytes, data_start: int = DATA_START) -> memoryview:
 
 
 def test_pgoutput_options() -> None:
-    assert plugin_options_for(settings("pgoutput")) == {
+    assert plugin_options_for(settings("pgoutput", messages=True)) == {
         "proto_version": "1",
         "publication_names": '"outbox_pub"',  # always quoted: the walsender splits identifiers
         "messages": "true",
     }
+
+
+def test_pgoutput_is_asked_for_no_message_unless_they_are_on() -> None:
+    assert plugin_options_for(settings("pgoutput"))["messages"] == "false"
 
 
 def test_wal2json_options_name_the_tables_and_the_message_prefix() -> None:
