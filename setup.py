@@ -1,10 +1,11 @@
 """Build hook for the optional compiled hot path; everything else is in pyproject.toml.
 
 ``CDC_RELAY_COMPILE=1`` compiles the per-event modules (decoder, mappings, session loop,
-watermark) with mypyc, from the very sources that run as pure Python. It needs mypy and a C
-compiler, so build without isolation from an environment that has mypy (the ``dev`` extra):
+watermark) with mypyc, from the very sources that run as pure Python. It needs a C compiler, and
+mypy and the runtime dependencies in the build environment, which the build backend
+(``build_backend/cdc_relay_build.py``) asks pip for:
 
-    CDC_RELAY_COMPILE=1 pip install --no-build-isolation .       # or: pip wheel ...
+    CDC_RELAY_COMPILE=1 pip install .       # or: pip wheel .
 
 Without it (the default, and ``pip install -e .``) the package is pure Python. An editable
 install is never compiled: its extension modules would sit beside the sources. (A build in
