@@ -1,9 +1,9 @@
 """Build hook for the optional compiled hot path; everything else is in pyproject.toml.
 
 ``CDC_RELAY_COMPILE=1`` compiles the per-event modules (decoder, mappings, session loop,
-watermark) with mypyc, from the very sources that run as pure Python. It needs a C compiler, and
-mypy and the runtime dependencies in the build environment, which the build backend
-(``build_backend/cdc_relay_build.py``) asks pip for:
+watermark, delivery callbacks) with mypyc, from the very sources that run as pure Python. It
+needs a C compiler, and mypy and the runtime dependencies in the build environment, which the
+build backend (``build_backend/cdc_relay_build.py``) asks pip for:
 
     CDC_RELAY_COMPILE=1 pip install .       # or: pip wheel .
 

@@ -31,6 +31,7 @@ HOT_PATH = (
     "cdc_relay.outbox",
     "cdc_relay.session",
     "cdc_relay.watermark",
+    "cdc_relay.publisher",  # the delivery callback runs once per record
 )
 # name -> its C source; the module that imports it falls back to Python on ImportError
 C_EXTENSIONS = {"cdc_relay.decode._tuple_reader": "decode/_tuple_reader.c"}
