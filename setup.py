@@ -1,12 +1,16 @@
 """Build hook for the optional compiled hot path; everything else is in pyproject.toml.
 
 ``CDC_RELAY_COMPILE=1`` compiles the per-event modules (decoder, mappings, session loop,
-watermark) with mypyc, from the very sources that run as pure Python. It needs mypy and a C
-compiler, so build without isolation from an environment that has mypy (the ``dev`` extra):
+watermark, delivery callbacks) with mypyc, from the very sources that run as pure Python. It
+needs a C compiler, and mypy and the runtime dependencies in the build environment, which the
+build backend (``build_backend/cdc_relay_build.py``) asks pip for:
 
-    CDC_RELAY_COMPILE=1 pip install --no-build-isolation .       # or: pip wheel ...
+    CDC_RELAY_COMPILE=1 pip install .       # or: pip wheel .
 
-Without it (the default, and ``pip install -e .``) the package is pure Python. An editable
+Without it (the default, and ``pip install -e .``) the package is Python, but for one small C
+extension built wherever a compiler exists, editable installs included (``optional``: without a
+compiler the build goes on without it): ``cdc_relay/decode/_tuple_reader.c``, the decoder's tuple
+reader, whose reference and fallback is the pure one in ``pgoutput.py``. An editable
 install is never compiled: its extension modules would sit beside the sources. (A build in
 place, ``python setup.py build_ext --inplace``, is for CI; ``cdc_relay/_hot_path.py`` makes an
 edited source win over an older extension module.)
@@ -20,7 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
+
+TUPLE_READER = Extension(
+    "cdc_relay.decode._tuple_reader",
+    ["cdc_relay/decode/_tuple_reader.c"],
+    optional=True,  # no compiler: the pure reader runs
+    extra_compile_args=["-O2"],
+)
 
 
 def hot_path_sources() -> list[str]:
@@ -50,4 +61,4 @@ def compiled_modules() -> list[Any]:
     return list(mypycify(hot_path_sources(), opt_level="3", group_name="cdc_relay.hot_path"))
 
 
-setup(ext_modules=compiled_modules())
+setup(ext_modules=[TUPLE_READER, *compiled_modules()])

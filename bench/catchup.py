@@ -9,7 +9,11 @@ it starts), so each decodes exactly the same WAL from the same position:
 - the relay, timed from its launch until its slot is confirmed past an LSN inside the last
   transaction, i.e. until Kafka acknowledged every event;
 - mq-bridge (``bench.peer``), at its defaults and tuned, timed from its launch until every row
-  arrived in its topic, counted on the broker.
+  arrived in its topic, counted on the broker;
+- with ``floor``, the other half of the floor (``bench.floor_programs``): a bare idempotent
+  producer sending as many records of the relay's shape, timed from its launch until every one
+  was acknowledged; and, once per round, the import floor (a fresh interpreter importing psycopg
+  and pydantic-settings), against which the relay's launch → ``START_REPLICATION`` is judged.
 
 Each Kafka program gets a fresh broker, and the records that arrive are counted while it runs
 (for the relay too, so that every Kafka program shares the machine with the same counter). CPU is
@@ -37,6 +41,7 @@ from typing import Any
 import psycopg
 
 from bench import peer as peer_module
+from bench.floor_programs import import_floor_seconds, time_bare_producer
 from bench.harness import (
     PAD,
     PUBLICATION,
@@ -61,7 +66,8 @@ from cdc_relay.lsn import format_lsn
 
 SAMPLE_INTERVAL = 0.2  # seconds between throughput samples
 POLL_INTERVAL = 0.02  # seconds between reads of the slot's confirmed position / the broker
-RECVLOGICAL, RELAY = "pg_recvlogical", "relay"
+RECVLOGICAL, RELAY, BARE = "pg_recvlogical", "relay", "bare producer"
+IMPORT_FLOOR_LAUNCHES = 3  # per round, the fastest counts
 PEER_TOPIC = "bench.peer"
 PEER_MIN_SECONDS = 60.0  # a peer run that has not delivered every row by then failed
 PEER_MIN_ROWS_PER_S = 2_000.0  # ... or, for big backlogs, by rows / this
@@ -114,20 +120,35 @@ def drop_slot(url: str, name: str, timeout: float = 10.0) -> None:
                 time.sleep(0.05)
 
 
-def recvlogical_options(plugin: str) -> dict[str, str]:
-    """The options the relay itself passes to the plugin, so both read and decode the same."""
+def _settings(plugin: str, bootstrap: str = "unused:9092") -> Settings:
     # model_validate: exactly these values, no environment or .env file read.
-    settings = Settings.model_validate(
+    return Settings.model_validate(
         {
             "database_url": "postgresql://unused",
-            "kafka_bootstrap_servers": "unused:9092",
+            "kafka_bootstrap_servers": bootstrap,
             "slot_name": SLOT,
             "publication_name": PUBLICATION,
             "plugin": plugin,
             "outbox_table": "public.outbox",
         }
     )
-    return plugin_options_for(settings)
+
+
+def recvlogical_options(plugin: str) -> dict[str, str]:
+    """The options the relay itself passes to the plugin, so both read and decode the same."""
+    return plugin_options_for(_settings(plugin))
+
+
+def time_bare(bootstrap: str, rows: int) -> dict[str, Any]:
+    """The bare producer with the relay's producer configuration, counted on the broker too."""
+    config = _settings("pgoutput", bootstrap).producer_config()
+    with BrokerCounter(bootstrap, TOPIC) as counter:
+        measured = time_bare_producer(config, TOPIC, rows)
+        deadline = time.monotonic() + 10.0
+        while counter.count < rows and time.monotonic() < deadline:
+            counter.wait(POLL_INTERVAL)
+        measured["on_broker"] = counter.count
+    return measured
 
 
 def time_recvlogical(url: str, slot: str, end: int, plugin: str) -> dict[str, Any]:
@@ -399,12 +420,14 @@ def catchup_scenario(
     rounds: int = 1,
     peer: PeerRuntime | str | None = None,
     baselines: Sequence[Path] = (),
+    floor: bool = False,
 ) -> dict[str, Any]:
     """One catch-up scenario in a fresh database: ``rounds`` interleaved runs of every program.
 
     ``peer``: mq-bridge's runtime to run it too, the reason it is skipped, or None (not part of
     this scenario). ``baselines``: other checkouts of the relay (an older commit, a compiled build),
     each run as one more program, so a change's before and after come from the same run.
+    ``floor``: the bare producer runs too, and each round times the import floor.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -415,6 +438,7 @@ def catchup_scenario(
     programs = [
         RECVLOGICAL,
         RELAY,
+        *([BARE] if floor else []),
         *trees,
         *(peer_names if isinstance(peer, PeerRuntime) else []),
     ]
@@ -423,6 +447,7 @@ def catchup_scenario(
     settings: dict[str, Any] = {}
     failed: dict[str, str] = {}
     orders: list[list[str]] = []
+    import_floor: list[float] = []
     url = server.create_database(name)
     try:
         create_outbox(url, plugin)  # the template slot: nothing ever reads it
@@ -434,6 +459,9 @@ def catchup_scenario(
             if program == RECVLOGICAL:
                 return time_recvlogical(url, slot, end, plugin)
             with LocalBroker() as broker:
+                if program == BARE:
+                    broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+                    return time_bare(broker.bootstrap_servers, rows)
                 if program == RELAY or program in trees:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
                     tree = trees.get(program, REPO)
@@ -453,7 +481,14 @@ def catchup_scenario(
             shift = number % len(programs)
             order = [p for p in programs[shift:] + programs[:shift] if p not in failed]
             orders.append(order)
+            if floor:
+                import_floor.append(import_floor_seconds(IMPORT_FLOOR_LAUNCHES))
             for program in order:
+                if program == BARE:  # reads no slot
+                    measurement = run_one(program, "")
+                    throughputs[program].append({})
+                    measured[program].append(_summary(rows, measurement) | {"round": number + 1})
+                    continue
                 slot = copy_slot(url, f"bench_{programs.index(program)}_r{number}")
                 try:
                     measurement = run_one(program, slot)
@@ -496,6 +531,14 @@ def catchup_scenario(
         "throughput": throughputs[RELAY][_median_index(relay_runs)],
         "per_round": {program: runs for program, runs in measured.items()},
     }
+    if floor:
+        bare = measured[BARE]
+        for run in bare:
+            if run["on_broker"] < rows:
+                raise RuntimeError(f"the bare producer got {run['on_broker']} of {rows} records in")
+        result["floor"] = floor_summary(
+            _median(base), _median(bare) | _ratios(base, bare), import_floor, relay
+        )
     if trees:
         result["baselines"] = {
             name: _median(measured[name]) | _ratios(base, measured[name]) | {"tree": str(tree)}
@@ -522,6 +565,31 @@ def catchup_scenario(
                 )
         result["peers"] = peers
     return result
+
+
+def floor_summary(
+    recvlogical: dict[str, Any],
+    bare: dict[str, Any],
+    import_floor: list[float],
+    relay: dict[str, Any],
+) -> dict[str, Any]:
+    """The floor of this scenario: the server's decoding as its client pays it plus the bare
+    producer, per row; the import floor; and the relay against both."""
+    cpu = recvlogical["cpu_us_per_event"] + bare["cpu_us_per_event"]
+    after = recvlogical["cpu_us_per_event"] + bare["cpu_us_per_event_after_startup"]
+    imports = statistics.median(import_floor)
+    out: dict[str, Any] = {
+        "bare_producer": bare,
+        "cpu_us_per_event": round(cpu, 2),
+        "cpu_us_per_event_after_startup": round(after, 2),
+        "relay_cpu_over_floor": round(relay["cpu_us_per_event"] / cpu, 2),
+        "import_floor_s": round(imports, 3),
+        "import_floor_launches": [round(s, 3) for s in import_floor],
+    }
+    sent = relay.get("start_replication_s")
+    if sent is not None:
+        out["relay_start_replication_over_import_floor_s"] = round(sent - imports, 3)
+    return out
 
 
 def run(

@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             rounds=rounds,
             peer=peer,
             baselines=baselines,
+            floor=True,
         ),
         "catchup_1000_per_txn": lambda s: catchup_scenario(
             s,

@@ -8,6 +8,10 @@ imports the source instead:
 - of every compiled module, when ``CDC_RELAY_PURE_PYTHON=1``;
 - in a source checkout (``pyproject.toml`` beside the package), of every compiled module once one
   source is newer than its extension module: an edit is never shadowed by a stale build (it warns).
+
+The C extensions with a pure-Python fallback (:data:`C_EXTENSIONS`, built by ``setup.py`` wherever
+a compiler exists) are blocked the same way, so that their Python reference runs instead: with
+``CDC_RELAY_PURE_PYTHON=1``, and in a checkout when the C source is newer than its build.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ HOT_PATH = (
     "cdc_relay.outbox",
     "cdc_relay.session",
     "cdc_relay.watermark",
+    "cdc_relay.publisher",  # the delivery callback runs once per record
 )
+# name -> its C source; the module that imports it falls back to Python on ImportError
+C_EXTENSIONS = {"cdc_relay.decode._tuple_reader": "decode/_tuple_reader.c"}
 PURE_PYTHON_VARIABLE = "CDC_RELAY_PURE_PYTHON"
 COMPILE_VARIABLE = "CDC_RELAY_COMPILE"  # read by setup.py at build time: not a setting
 _PACKAGE = Path(__file__).parent
@@ -85,14 +92,42 @@ class SourceFinder:
         return importlib.util.spec_from_file_location(fullname, source) if source else None
 
 
+def c_extensions_to_block(package: Path, pure: bool, checkout: bool) -> list[str]:
+    """The built C extensions whose Python fallback must run instead (pure, or a stale build)."""
+    blocked = []
+    for name, c_source in C_EXTENSIONS.items():
+        extension = extension_of(package, name)
+        if extension is None:
+            continue
+        source = package / c_source
+        stale = checkout and source.exists() and source.stat().st_mtime > extension.stat().st_mtime
+        if stale and not pure:
+            warnings.warn(
+                f"{extension.name} is older than {c_source}: its Python fallback runs "
+                "(rebuild it: pip install -e ., or delete it)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if pure or stale:
+            blocked.append(name)
+    return blocked
+
+
 def install() -> None:
-    sources = sources_to_prefer(
-        _PACKAGE,
-        pure=os.environ.get(PURE_PYTHON_VARIABLE) == "1",
-        checkout=(_PACKAGE.parent / "pyproject.toml").exists(),
-    )
+    pure = os.environ.get(PURE_PYTHON_VARIABLE) == "1"
+    checkout = (_PACKAGE.parent / "pyproject.toml").exists()
+    sources = sources_to_prefer(_PACKAGE, pure=pure, checkout=checkout)
     if sources:
         sys.meta_path.insert(0, SourceFinder(sources))
+    for name in c_extensions_to_block(_PACKAGE, pure=pure, checkout=checkout):
+        sys.modules[name] = None  # type: ignore[assignment]  # the import raises ImportError
+
+
+def c_extensions_loaded() -> list[str]:
+    """The C extensions in use (imports the modules that import them)."""
+    for name in HOT_PATH:
+        importlib.import_module(name)
+    return [name for name in C_EXTENSIONS if sys.modules.get(name) is not None]
 
 
 def compiled_modules() -> list[str]:

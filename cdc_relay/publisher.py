@@ -264,6 +264,8 @@ def refusal(exc: Exception) -> ProduceRefused:
 class Publisher:
     """A thin, typed wrapper of one idempotent Producer."""
 
+    __deletable__ = ("_producer", "produce_raw", "poll")  # close() drops them (mypyc allows it)
+
     def __init__(self, config: dict[str, str], stats: RelayStats) -> None:
         self._stats = stats
         self._last_error_log = 0.0

@@ -50,9 +50,20 @@ from cdc_relay.decode.messages import (
     Truncate,
     TupleData,
     Type,
+    UnchangedToast,
     Update,
     Value,
 )
+
+# The same tuple reader in C, built by setup.py where a compiler exists; this module's is the
+# reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one: cdc_relay._hot_path).
+_RowReader: TypeAlias = Callable[[bytes, int, UnchangedToast], "tuple[TupleData, int] | None"]
+try:
+    from cdc_relay.decode import _tuple_reader
+
+    _read_row: _RowReader | None = _tuple_reader.read_tuple
+except ImportError:
+    _read_row = None
 
 __all__ = ["PgOutputDecoder"]
 
@@ -124,6 +135,18 @@ def _read_string(buf: bytes, pos: int) -> tuple[str, int]:
 
 def _read_tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
     """TupleData: Int16 column count, then per column a kind byte and, for 't'/'b', a value.
+
+    In one C call where the extension is built, else :func:`_read_tuple_pure`; malformed input
+    either way ends in :func:`_read_tuple_checked`, which names the error.
+    """
+    if _read_row is not None:
+        found = _read_row(buf, pos, UNCHANGED_TOAST)
+        return found if found is not None else _read_tuple_checked(buf, pos)
+    return _read_tuple_pure(buf, pos)
+
+
+def _read_tuple_pure(buf: bytes, pos: int) -> tuple[TupleData, int]:
+    """The reference reader of a TupleData (the C one must return exactly what it returns).
 
     The hot path of the whole relay (every column of every row), so it checks bounds once, at
     the end: lengths are read unsigned, so a bad one can only overshoot the buffer, and any
@@ -278,7 +301,11 @@ def _decode_insert(buf: bytes, streamed: bool) -> Insert:
         pos = 6
     if marker != _TUPLE_NEW:
         raise _WireError(f"expected 'N' tuple marker, got {bytes([marker])!r}", pos - 1)
-    new, _ = _read_tuple(buf, pos)
+    if _read_row is not None:  # _read_tuple inlined: the row of every event
+        found = _read_row(buf, pos, UNCHANGED_TOAST)
+        new = found[0] if found is not None else _read_tuple_checked(buf, pos)[0]
+    else:
+        new, _ = _read_tuple_pure(buf, pos)
     return _new(Insert, (relation_id, new, xid))
 
 

@@ -81,6 +81,33 @@ def _assert_peers(result: dict[str, Any], stdout: str, expected: peer.PeerRuntim
     assert scenario["pg_recvlogical"]["cpu_us_per_event"] >= 0  # 10 ms ticks: 0 on tiny runs
 
 
+def _assert_floor(result: dict[str, Any], stdout: str) -> None:
+    """The floor's rows: the bare producer ran with every record acknowledged and counted on its
+    broker, the floor's CPU is pg_recvlogical's plus the bare producer's, the import floor was
+    timed, and each is a row of the programs table."""
+    scenario = result["scenarios"]["catchup_10_per_txn"]
+    rows, floor = scenario["rows"], scenario["floor"]
+    bare = floor["bare_producer"]
+    assert bare["published"] == rows
+    assert bare["on_broker"] >= rows
+    for metric in ("seconds", "rows_per_s", "ratio", "cpu_us_per_event", "startup_s"):
+        _positive(bare, metric)
+    assert bare["startup_s"] < bare["seconds"]
+    recvlogical = scenario["pg_recvlogical"]["cpu_us_per_event"]
+    assert floor["cpu_us_per_event"] == pytest.approx(recvlogical + bare["cpu_us_per_event"])
+    assert 0 < _positive(floor, "import_floor_s") < scenario["relay"]["start_replication_s"] + 1
+    target = next(
+        t for t in result["targets"]
+        if t["scenario"] == "catchup_10_per_txn" and t["metric"] == "start_replication_s"
+    )  # fmt: skip
+    assert target["limit"] == pytest.approx(floor["import_floor_s"] + 0.05)
+    lines = stdout.splitlines()
+    bare_row = next(line for line in lines if line.startswith("bare producer (bench.floor)"))
+    assert f"{bare['rows_per_s']:,}" in bare_row.split()
+    floor_row = next(line for line in lines if line.startswith("floor: pg_recvlogical + bare"))
+    assert f"{floor['import_floor_s']:.3f}" in floor_row
+
+
 def test_bench_smoke(tmp_path: Path) -> None:
     json_path, png_path = tmp_path / "smoke.json", tmp_path / "smoke.png"
     expected_peer = _prepare_peer()
@@ -129,6 +156,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
             assert scenario["relay_receive_histogram"]["count"] == scenario["writer"]["events"]
             _positive(scenario, "relay_histogram", "p99_ms")
     _assert_peers(result, completed.stdout, expected_peer)
+    _assert_floor(result, completed.stdout)
     assert result["machine"]["cores"] >= 1
     assert all(target["passed"] is None for target in result["targets"])  # not evaluated
     for title in ("1a catch-up", "1b catch-up", "1c catch-up", "2 steady"):

@@ -159,10 +159,32 @@ def test_the_programs_table_reports_a_peer_that_ran_and_its_duplicates() -> None
     )  # fmt: skip
     (text,) = programs_table(_scenario({name: ran}))
     row = next(line for line in text.splitlines() if line.startswith(name))
-    cells = ["800", "0.80", "10.0", "0.25", "0.50", "1,000", "(1.00)"]
+    # rows/s, ratio, after start-up (ratio), CPU, (no floor), START_REPLICATION, start-up, 1st
+    cells = ["800", "0.80", "1,000", "(1.00)", "10.0", "-", "0.25", "0.50"]
     assert row.split()[len(name.split()) :] == cells
     assert f"{name}: 3 duplicates" in text
     assert "pg_recvlogical (to /dev/null)" in text
+
+
+def test_the_floor_is_rows_of_the_programs_table_and_each_program_is_divided_by_it() -> None:
+    scenario = _scenario({})
+    bare = _program(0.5, startup_s=0.1, rows_per_s_after_startup=2500, on_broker=1000,
+                    published=1000, ratio=2.0, ratio_after_startup=2.5)  # fmt: skip
+    bare["cpu_us_per_event"] = 2.5
+    scenario["catchup_10_per_txn"]["pg_recvlogical"]["cpu_us_per_event"] = 5.0
+    scenario["catchup_10_per_txn"]["relay"]["cpu_us_per_event"] = 15.0
+    scenario["catchup_10_per_txn"]["relay"]["start_replication_s"] = 0.262
+    scenario["catchup_10_per_txn"]["floor"] = {
+        "bare_producer": bare, "cpu_us_per_event": 7.5, "import_floor_s": 0.213,
+    }  # fmt: skip
+    (text,) = programs_table(scenario)
+    lines = text.splitlines()
+    floor = next(line for line in lines if line.startswith("floor: pg_recvlogical + bare"))
+    assert floor.split()[-4:] == ["7.5", "1", "0.213", "(imports)"]
+    bare_row = next(line for line in lines if line.startswith("bare producer (bench.floor)"))
+    assert bare_row.split()[3:9] == ["2,000", "2.00", "2,500", "(2.50)", "2.5", "0.33"]
+    relay = next(line for line in lines if line.startswith("cdc-relay"))
+    assert relay.split()[5:8] == ["15.0", "2.00", "0.262"]
 
 
 def test_a_baseline_checkout_is_a_row_of_its_own_named_by_its_commit(tmp_path: Path) -> None:

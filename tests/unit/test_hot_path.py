@@ -105,3 +105,42 @@ def test_this_tier_tests_the_build_it_claims_to() -> None:
 
 def test_cdc_relay_pure_python_imports_every_source() -> None:
     assert _compiled_in_a_fresh_interpreter(CDC_RELAY_PURE_PYTHON="1") == []
+
+
+def _c_extension(tmp_path: Path, *, extension_age: float) -> Path:
+    """A package with each C extension's source, and its build ``extension_age`` s older."""
+    for name, c_source in _hot_path.C_EXTENSIONS.items():
+        source = tmp_path / c_source
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text("")
+        extension = source_of(tmp_path, name).with_suffix(EXTENSION)
+        extension.write_bytes(b"")
+        mtime = source.stat().st_mtime
+        os.utime(extension, (mtime - extension_age, mtime - extension_age))
+    return tmp_path
+
+
+def test_a_c_extension_is_used_when_fresh_and_blocked_when_pure_or_stale(tmp_path: Path) -> None:
+    """Its Python fallback runs under CDC_RELAY_PURE_PYTHON=1, and in a checkout whose C source
+    was edited after the build (with a warning); an installed build is never second-guessed."""
+    names = list(_hot_path.C_EXTENSIONS)
+    fresh = _c_extension(tmp_path / "fresh", extension_age=-60)
+    assert _hot_path.c_extensions_to_block(fresh, pure=False, checkout=True) == []
+    assert _hot_path.c_extensions_to_block(fresh, pure=True, checkout=False) == names
+    stale = _c_extension(tmp_path / "stale", extension_age=60)
+    assert _hot_path.c_extensions_to_block(stale, pure=False, checkout=False) == []
+    with pytest.warns(RuntimeWarning, match="Python fallback runs"):
+        assert _hot_path.c_extensions_to_block(stale, pure=False, checkout=True) == names
+    assert _hot_path.c_extensions_to_block(tmp_path / "none", pure=True, checkout=True) == []
+
+
+def test_pure_python_blocks_the_c_extensions_in_a_fresh_interpreter() -> None:
+    code = (
+        "import sys, cdc_relay.decode.pgoutput as p; "
+        "print(p._read_row is None, sys.modules.get('cdc_relay.decode._tuple_reader') is None)"
+    )
+    env = {**os.environ, PURE_PYTHON_VARIABLE: "1"}
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.split() == ["True", "True"]

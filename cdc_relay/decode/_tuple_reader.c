@@ -1,0 +1,130 @@
+/*
+ * One pgoutput TupleData read in one call: the decoder's hot path (every column of every row).
+ *
+ * The pure reader in pgoutput.py (_read_tuple_pure) is the reference and the fallback: this one
+ * returns exactly what it returns for every well-formed tuple, and None for anything it would not
+ * read, so the caller walks the bytes again with the careful reader that names the error. It
+ * never reads outside the buffer: every length is checked against what is left before use.
+ *
+ * read_tuple(buf: bytes, pos: int, unchanged: object) -> tuple[tuple, int] | None
+ *   buf[pos:] starts with the Int16 column count; then per column a kind byte and, for 't' (text)
+ *   and 'b' (binary), an Int32 length and that many bytes (a bytes object); 'n' is None and 'u'
+ *   is `unchanged` (the UNCHANGED_TOAST sentinel). Returns the values and the offset after them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static PyObject *
+read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple(buf, pos, unchanged) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *buf = args[0];
+    if (!PyBytes_CheckExact(buf)) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple: buf must be bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *unchanged = args[2];
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(buf);
+    Py_ssize_t size = PyBytes_GET_SIZE(buf);
+    if (pos < 0 || size - pos < 2) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t ncols = ((Py_ssize_t)data[pos] << 8) | data[pos + 1];
+    pos += 2;
+    PyObject *values = PyTuple_New(ncols);
+    if (values == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < ncols; i++) {
+        if (pos >= size) {
+            goto malformed;
+        }
+        unsigned char kind = data[pos];
+        PyObject *value;
+        if (kind == 't' || kind == 'b') {
+            if (size - pos < 5) {
+                goto malformed;
+            }
+            uint32_t length = ((uint32_t)data[pos + 1] << 24) | ((uint32_t)data[pos + 2] << 16)
+                              | ((uint32_t)data[pos + 3] << 8) | (uint32_t)data[pos + 4];
+            Py_ssize_t start = pos + 5;
+            /* unsigned: a negative Int32 is too long for any buffer, as in the pure reader */
+            if ((uint64_t)length > (uint64_t)(size - start)) {
+                goto malformed;
+            }
+            value = PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)length);
+            if (value == NULL) {
+                Py_DECREF(values);
+                return NULL;
+            }
+            pos = start + (Py_ssize_t)length;
+        }
+        else if (kind == 'n') {
+            value = Py_NewRef(Py_None);
+            pos += 1;
+        }
+        else if (kind == 'u') {
+            value = Py_NewRef(unchanged);
+            pos += 1;
+        }
+        else {
+            goto malformed;
+        }
+        PyTuple_SET_ITEM(values, i, value);
+    }
+    PyObject *end = PyLong_FromSsize_t(pos);
+    if (end == NULL) {
+        Py_DECREF(values);
+        return NULL;
+    }
+    PyObject *result = PyTuple_New(2);
+    if (result == NULL) {
+        Py_DECREF(values);
+        Py_DECREF(end);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, values);
+    PyTuple_SET_ITEM(result, 1, end);
+    return result;
+
+malformed:
+    Py_DECREF(values); /* the items not yet set are NULL: tuple deallocation skips them */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,
+     "read_tuple(buf, pos, unchanged) -> (values, end) | None: one pgoutput TupleData."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot slots[] = {
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "cdc_relay.decode._tuple_reader",
+    .m_doc = "One pgoutput TupleData read in one call (pgoutput.py's reader is the reference).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC
+PyInit__tuple_reader(void)
+{
+    return PyModuleDef_Init(&module);
+}

@@ -1,0 +1,125 @@
+"""The C tuple reader (``cdc_relay/decode/_tuple_reader.c``) returns exactly what the pure one
+(``pgoutput._read_tuple_pure``, the reference) returns, and refuses (None) whatever the pure one
+would not read, so that the careful reader names the error in both builds.
+
+The extension is loaded from its file, past ``CDC_RELAY_PURE_PYTHON=1`` (which only keeps the
+decoder from using it): every tier tests it. setup.py builds it wherever a compiler exists
+(``pip install -e .``); a checkout without it fails here rather than skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
+from cdc_relay.decode import pgoutput
+from cdc_relay.decode.messages import UNCHANGED_TOAST
+from cdc_relay.decode.pgoutput import PgOutputDecoder
+
+PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
+NAME = "cdc_relay.decode._tuple_reader"
+
+
+def _load() -> ModuleType:
+    path = extension_of(PACKAGE, NAME)
+    assert path is not None, f"{NAME} is not built: pip install -e . (needs a C compiler)"
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+READER = _load()
+
+
+def read_c(buf: bytes, pos: int) -> Any:
+    """What the decoder does with the C reader: its result, or the careful reader's verdict."""
+    found = READER.read_tuple(buf, pos, UNCHANGED_TOAST)
+    return found if found is not None else pgoutput._read_tuple_checked(buf, pos)
+
+
+def outcome(reader: Any, buf: bytes, pos: int) -> object:
+    try:
+        return reader(buf, pos)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+def column(kind: str, value: bytes) -> bytes:
+    if kind in "tb":
+        return kind.encode() + struct.pack(">I", len(value)) + value
+    return kind.encode()
+
+
+COLUMNS = st.tuples(st.sampled_from("tbnu"), st.binary(max_size=40))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(COLUMNS, max_size=12), st.binary(max_size=8), st.binary(max_size=5))
+def test_well_formed_tuples_read_the_same(
+    columns: list[tuple[str, bytes]], before: bytes, after: bytes
+) -> None:
+    """Text, binary, NULL and unchanged-TOAST columns, at any offset, trailing bytes ignored."""
+    body = struct.pack(">H", len(columns)) + b"".join(column(k, v) for k, v in columns)
+    buf = before + body + after
+    found = READER.read_tuple(buf, len(before), UNCHANGED_TOAST)
+    expected = pgoutput._read_tuple_pure(buf, len(before))
+    assert found == expected
+    assert found is not None
+    assert found[1] == len(before) + len(body)
+    for value, (kind, raw) in zip(found[0], columns, strict=True):
+        if kind in "tb":
+            assert value == raw
+            assert type(value) is bytes
+        else:
+            assert value is (None if kind == "n" else UNCHANGED_TOAST)
+
+
+_PARTS = st.one_of(
+    st.tuples(st.sampled_from("tbnu"), st.binary(max_size=12)).map(lambda c: column(*c)),
+    st.sampled_from([b"t", b"b\x00\x00", b"x", b"t\xff\xff\xff\xfb", b"b\x7f\xff\xff\xff", b""]),
+    st.binary(max_size=6),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_PARTS, max_size=8), st.integers(-3, 8), st.integers(0, 6), st.integers(0, 3))
+def test_any_bytes_read_the_same_or_fail_the_same(
+    parts: list[bytes], declared_extra: int, cut: int, pos: int
+) -> None:
+    """Malformed input (bad kinds, lengths past the end, negative lengths, truncation, a column
+    count that lies, an offset past the end): the same values or the same error."""
+    body = struct.pack(">H", max(len(parts) + declared_extra, 0)) + b"".join(parts)
+    buf = b"I" * pos + body[: max(len(body) - cut, 0)]
+    assert outcome(read_c, buf, pos) == outcome(pgoutput._read_tuple_pure, buf, pos)
+    assert outcome(read_c, buf, pos + 3) == outcome(pgoutput._read_tuple_pure, buf, pos + 3)
+
+
+def test_it_takes_only_bytes_and_an_offset() -> None:
+    with pytest.raises(TypeError):
+        READER.read_tuple(bytearray(b"\x00\x00"), 0, UNCHANGED_TOAST)
+    with pytest.raises(TypeError):
+        READER.read_tuple(b"\x00\x00", 0)
+    assert READER.read_tuple(b"\x00\x00", -1, UNCHANGED_TOAST) is None
+
+
+def test_the_decoder_uses_it_unless_pure_python_is_asked_for() -> None:
+    """CDC_RELAY_PURE_PYTHON=1 (CI's pure tier): the Python reader; otherwise the C one."""
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    assert c_extensions_loaded() == ([] if pure else list(C_EXTENSIONS))
+    assert (vars(pgoutput)["_read_row"] is None) == pure
+    row = b"I" + struct.pack(">IB", 7, 0x4E) + struct.pack(">H", 2) + column("t", b"x") + b"u"
+    message = PgOutputDecoder().decode(row)
+    assert message.new == (b"x", UNCHANGED_TOAST)  # type: ignore[union-attr]
