@@ -136,7 +136,7 @@ def model(compose: Path) -> dict[str, Any]:
 
 
 def test_compose_file_validates_against_the_compose_spec(compose: Path) -> None:
-    for profiles in ([], ["--profile", "observability"]):
+    for profiles in ([], ["--profile", "observability"], ["--profile", "test"]):
         result = run_compose(compose, *profiles, "config", "--quiet")
         assert result.returncode == 0, result.stderr
         assert result.stderr.strip() == "", f"warnings: {result.stderr}"
