@@ -69,15 +69,15 @@ def terminate_backend(conn: Connection, pid: int) -> bool:
     return bool(row and row[0])
 
 
+def holder_id() -> str:
+    """This process's name in the lease: host, pid and a random part (pids are reused)."""
+    return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
 def application_name(slot: str) -> str:
     """The lock connection's ``application_name``, naming the slot: ``status`` lists the relays
     of a slot by it, leader and standbys (PostgreSQL keeps its first 63 bytes)."""
     return f"cdc-relay leadership {slot}"[:63]
-
-
-def holder_id() -> str:
-    """This process's name in the lease: host, pid and a random part (pids are reused)."""
-    return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
 class Leadership:
