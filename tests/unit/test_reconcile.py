@@ -248,7 +248,8 @@ def test_offset_gaps_of_apache_kafka_are_not_doubts() -> None:
     """On Apache Kafka a partition's offsets have gaps a consumer never sees: transaction markers
     (control records, one offset each, written by any transactional producer of the topic) and
     records removed by compaction. The read-back needs increasing offsets, not consecutive ones;
-    a noted partition's note moves to just after the last record read, at or below the end."""
+    a noted partition's note moves to just after the last record read, at or below the end.
+    (Compaction of the acknowledged record itself is DOUBTS' "first record at another offset".)"""
     records = [
         ours(5, RECORDED, 1, "acked"),
         ours(7, RECORDED + 8, 1, "e1"),  # 6: a commit marker of another producer's transaction
@@ -268,12 +269,3 @@ def test_offset_gaps_of_apache_kafka_are_not_doubts() -> None:
     # The end of u[0] may be past 10 (a marker after offset 9): a lower note only reads more.
     assert result.renoted == {("u", 0): 10}
 
-
-def test_a_compacted_acknowledged_record_is_a_doubt_not_a_skip() -> None:
-    """Compaction may remove the very record the relay acknowledged (a later record has its key):
-    the partition no longer proves where the relay left it, so nothing is skipped."""
-    records = [ours(7, RECORDED + 8, 1, "e1")]  # the acknowledged offset 5 is gone
-    result = reconcile(SLOT, RECORDED, {("t", 0): 5}, {("t", 0): records}, [("t", 0)])
-    assert result.found == {}
-    assert result.doubt is not None
-    assert "no record at the acknowledged offset 5" in result.doubt
