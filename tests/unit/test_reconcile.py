@@ -268,4 +268,3 @@ def test_offset_gaps_of_apache_kafka_are_not_doubts() -> None:
     assert result.found == {position(RECORDED + 8, 1): b"e1", position(RECORDED + 8, 2): b"e2"}
     # The end of u[0] may be past 10 (a marker after offset 9): a lower note only reads more.
     assert result.renoted == {("u", 0): 10}
-
