@@ -137,6 +137,12 @@ def holder_id() -> str:
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
+def application_name(slot: str) -> str:
+    """The lock connection's ``application_name``, naming the slot: ``status`` lists the relays
+    of a slot by it, leader and standbys (PostgreSQL keeps its first 63 bytes)."""
+    return f"cdc-relay leadership {slot}"[:63]
+
+
 class Leadership:
     """The lock connection and the lease, kept by a thread of its own (:meth:`run`)."""
 
@@ -270,7 +276,11 @@ class Leadership:
         if self._conn is None or self._conn.closed:
             conn = connect(self.settings.source_url())
             try:
-                conn.execute("SET application_name = 'cdc-relay leadership'")
+                conn.execute(
+                    sql.SQL("SET application_name = {}").format(
+                        sql.Literal(application_name(self.settings.slot_name))
+                    )
+                )
                 # A standby's statements; the terminations wait up to 2 x TERMINATE_WAIT_MS.
                 conn.execute("SET statement_timeout = '5s'")
             except psycopg.Error:

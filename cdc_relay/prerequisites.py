@@ -696,7 +696,8 @@ class Prerequisites:
             )
             return f"{created}; {warning}" if warning else created
         problems: list[str] = []
-        for probe in (self.slot_kind, self.slot_free):
+        leader = self._streaming_leader(slot)  # a standby design: the leader streams, fine
+        for probe in (self.slot_kind,) if leader else (self.slot_kind, self.slot_free):
             try:
                 probe(slot)
             except Unmet as exc:
@@ -724,14 +725,39 @@ class Prerequisites:
             raise Unmet("; ".join(problems))
         retained = _size(slot.retained_wal) if slot.retained_wal is not None else "unknown"
         detail = (
-            f"{name} ({slot.plugin}) idle, confirmed {format_lsn(confirmed)}, retained WAL "
-            f"{retained}, wal_status {slot.wal_status}"
+            f"{name} ({slot.plugin}) {leader or 'idle'}, confirmed {format_lsn(confirmed)}, "
+            f"retained WAL {retained}, wal_status {slot.wal_status}"
         )
         if slot.wal_status == "unreserved":
             detail += " (beyond max_wal_size: at risk of being lost; is the relay running?)"
         if warning:
             detail += f"; {warning}"
         return detail
+
+    def _streaming_leader(self, slot: SlotState) -> str | None:
+        """Who streams the slot, when that is the leading relay: its walsender is the one its
+        valid lease names. None when the slot is idle or held by anything else."""
+        if slot.active_pid is None:
+            return None
+        lease = sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+        try:
+            row = self.conn.execute(
+                sql.SQL(
+                    "SELECT l.holder, a.backend_start, l.expires_at FROM {} l "
+                    "LEFT JOIN pg_stat_activity a ON a.pid = l.stream_pid "
+                    "WHERE l.slot_name = %s AND l.stream_pid = %s AND l.expires_at > now()"
+                ).format(lease),
+                (self.settings.slot_name, slot.active_pid),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            return None
+        if row is None:
+            return None
+        holder, since, expires = row
+        return (
+            f"streamed by the leading relay {holder} (walsender {slot.active_pid}, streaming "
+            f"since {since or 'unknown'}; lease valid until {expires})"
+        )
 
     def failover(self) -> str:
         """Whether the slot follows a promotion (PostgreSQL 17+), and whether standbys are held

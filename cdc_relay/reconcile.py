@@ -11,7 +11,10 @@ WAL. With P the relay records, per topic-partition it has written, the offset of
 Kafka acknowledged at or below P (:attr:`cdc_relay.watermark.Watermark.offsets`). At the start,
 for each such partition, the reader fetches from that offset to the end of the partition (fetching,
 not ListOffsets: see the test broker's notes) and keeps the records of *this* slot positioned after
-P. Reading costs the unconfirmed window, not the topic.
+P. Reading costs the unconfirmed window, not the topic. The end is the high watermark (the read is
+``read_uncommitted``), which every record Kafka acknowledged with ``acks=all`` lies below; offsets
+need only increase, since Apache Kafka leaves gaps a consumer never sees (transaction markers of
+other producers, records removed by compaction).
 
 The rule that wins every trade-off: **never skip an event that is not provably in Kafka**. An event
 is skipped only when a record with its exact position *and* its event id was read back from its

@@ -259,7 +259,18 @@ class Relay:
                     "cannot reach PostgreSQL, retrying",
                     extra={"fields": {"reason": str(exc), "retry_in_s": round(delay, 2)}},
                 )
-                self._stop.wait(delay)
+                self._retry_after(delay)
+
+    def _retry_after(self, delay: float) -> None:
+        """Wait ``delay`` seconds (or until stopped) before retrying: waiting, not stuck, so the
+        loop stays alive for /healthz all along (a liveness probe would only restart the wait)."""
+        deadline = time.monotonic() + delay
+        while not self.stopping:
+            now = time.monotonic()
+            self.stats.last_loop = now
+            if now >= deadline:
+                return
+            self._stop.wait(min(1.0, deadline - now))
 
     def _take_checked(self) -> Connection | None:
         """The start-up check's connection while its checks are fresh, else None."""
@@ -360,7 +371,7 @@ class Relay:
                             }
                         },
                     )
-                    self._stop.wait(delay)
+                    self._retry_after(delay)
                 first = False
         finally:
             self._drop_publisher(purge=False)

@@ -8,7 +8,11 @@ By default the session starts a throw-away :class:`~cdc_relay.local.LocalPostgre
 - ``CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS``: e.g. Apache Kafka from docker-compose.
 
 Tests that stop, kill or restart a service request ``local_postgres`` / ``local_broker``: those
-skip when the corresponding service is external.
+skip when the corresponding service is external, and so does a test that starts a server of its
+own (:func:`skip_if_external`). Against external services every test cleans up after itself: its
+database (with its slots and publications) is dropped, the roles it created are dropped, and the
+topics whose names carry its :func:`unique` string are deleted. Tests marked ``readonly`` read
+from the services and change nothing: run them first against a cluster you care about.
 """
 
 from __future__ import annotations
@@ -128,10 +132,32 @@ def database(postgres: PostgresServer) -> Iterator[str]:
         postgres.drop_database(name)
 
 
+def external_services() -> list[str]:
+    """The variables that point the tier at external services, of those set."""
+    return [name for name in (DATABASE_URL_ENV, BOOTSTRAP_SERVERS_ENV) if os.environ.get(name)]
+
+
+def skip_if_external(what: str) -> None:
+    """Skip a test that starts a PostgreSQL cluster of its own (from local server binaries) when
+    the tier runs against external services: that mode uses no local server."""
+    if os.environ.get(DATABASE_URL_ENV):
+        pytest.skip(f"{what}; {DATABASE_URL_ENV} selects an external server")
+
+
 @pytest.fixture
-def unique() -> str:
-    """A short unique lowercase string for slot, publication and topic names."""
-    return _short_id()
+def unique(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A short unique lowercase string for slot, publication and topic names.
+
+    On an external broker, the topics whose names contain it are deleted after the test.
+    """
+    value = _short_id()
+    external: ExternalBroker | None = None
+    if {"broker", "local_broker"} & set(request.fixturenames):
+        found = request.getfixturevalue("broker")
+        external = found if isinstance(found, ExternalBroker) else None
+    yield value
+    if external is not None:
+        external.delete_topics([t for t in external.topics() if value in t])
 
 
 _SERVER_FIXTURES = frozenset({"postgres", "broker", "database", "local_postgres", "local_broker"})

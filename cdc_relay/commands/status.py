@@ -1,7 +1,8 @@
 """``python -m cdc_relay status``: where the relay stands, from the database and the running relay.
 
-The database side (slot, recorded position, retained WAL, which relay holds the leader lease) is
-read directly; the live numbers
+The database side (slot, recorded position, retained WAL, which relay holds the leader lease and
+every relay of the slot it can see: the leader and its standbys, by their leadership connections)
+is read directly; the live numbers
 (events published since start, in flight, lag) come from the running relay's ``/status``
 endpoint — the same counters ``/metrics`` exports.
 """
@@ -21,6 +22,7 @@ from cdc_relay.checkpoint import LEASE_TABLE, STATE_TABLE
 from cdc_relay.commands.output import printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
+from cdc_relay.leadership import application_name
 from cdc_relay.replication.source import connect
 
 STATUS_TIMEOUT = 3.0  # seconds for the whole /status answer
@@ -66,22 +68,54 @@ def _lease(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> 
     try:
         row = conn.execute(
             sql.SQL(
-                "SELECT holder, renewed_at, expires_at, expires_at > now() FROM {} "
-                "WHERE slot_name = %s"
+                "SELECT l.holder, l.renewed_at, l.expires_at, l.expires_at > now(), "
+                "l.stream_pid, a.backend_start FROM {} l "
+                "LEFT JOIN pg_stat_activity a ON a.pid = l.stream_pid WHERE l.slot_name = %s"
             ).format(sql.Identifier(settings.state_schema, LEASE_TABLE)),
             (settings.slot_name,),
         ).fetchone()
     except psycopg.errors.UndefinedTable:
         row = None
-    if row is None:
-        return {"leader": None}
-    holder, renewed, expires, current = row
-    return {
-        "leader": holder,
-        "leader_renewed_at": str(renewed),
-        "leader_lease_expires_at": str(expires),
-        "leader_lease_current": current,
-    }
+    result: dict[str, Any] = {"leader": None}
+    if row is not None:
+        holder, renewed, expires, current, stream_pid, streaming_since = row
+        result = {
+            "leader": holder,
+            "leader_renewed_at": str(renewed),
+            "leader_lease_expires_at": str(expires),
+            "leader_lease_current": current,
+            "leader_stream_pid": stream_pid,
+            "leader_streaming_since": str(streaming_since) if streaming_since else None,
+        }
+    return result | _relays(conn, settings)
+
+
+def _relays(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> dict[str, Any]:
+    """Every relay of the slot this role can see, by its leadership connection (a relay keeps
+    one open, leading or standing by): the one whose lock connection the lease names leads.
+
+    ``application_name`` is whatever a client says it is: any role that may connect here could
+    pose as a standby, so this is what the server shows, not proof."""
+    lease = sql.Identifier(settings.state_schema, LEASE_TABLE)
+    query = sql.SQL(
+        "SELECT a.pid, a.pid = l.lock_pid AND l.expires_at > now(), a.usename, "
+        "a.client_addr::text, a.backend_start FROM pg_stat_activity a "
+        "LEFT JOIN {} l ON l.slot_name = %s "
+        "WHERE a.datname = current_database() AND a.application_name = %s "
+        "ORDER BY 2 DESC, a.backend_start, a.pid"
+    ).format(lease)
+    try:
+        rows = conn.execute(query, (settings.slot_name, application_name(settings.slot_name)))
+    except psycopg.errors.UndefinedTable:
+        return {"relays_seen": 0}
+    found: dict[str, Any] = {}
+    for number, (pid, leads, user, client, since) in enumerate(rows.fetchall(), start=1):
+        role = "leader" if leads else "standby"
+        where = f" from {client}" if client else ""
+        found[f"relay_session.{number}"] = (
+            f"{role}: pid {pid}, user {user}{where}, connected since {since}"
+        )
+    return {"relays_seen": len(found), **found}
 
 
 def relay_status(port: int, host: str = "127.0.0.1") -> dict[str, Any] | None:

@@ -8,7 +8,8 @@ topics get 4 partitions, slow first group assignment) are listed in the project'
 create topics explicitly with :meth:`LocalBroker.create_topic`.
 
 :class:`ExternalBroker` offers the same ``bootstrap_servers`` / ``create_topic()`` API for a
-broker somebody else runs (e.g. Apache Kafka from docker-compose).
+broker somebody else runs (e.g. Apache Kafka from docker-compose), and both list and delete
+topics (a test on a broker somebody else runs deletes the topics it created).
 """
 
 from __future__ import annotations
@@ -121,6 +122,30 @@ class _Topics:
         exist_ok: bool = False,
     ) -> None:
         create_topic(self.bootstrap_servers, name, partitions, config=config, exist_ok=exist_ok)
+
+    def topics(self, timeout: float = 30.0) -> list[str]:
+        """The names of the broker's topics (internal ones included)."""
+        metadata = _admin_client(self.bootstrap_servers).list_topics(timeout=timeout)
+        return sorted(metadata.topics)
+
+    def delete_topics(self, names: list[str], timeout: float = 30.0) -> None:
+        """Delete ``names`` and wait until the broker confirms; a topic already gone is fine."""
+        from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
+
+        if not names:
+            return
+        admin = _admin_client(self.bootstrap_servers)
+        futures = admin.delete_topics(names, request_timeout=timeout, operation_timeout=timeout)
+        for future in futures.values():
+            try:
+                future.result(timeout=timeout)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                ):
+                    raise
 
 
 class LocalBroker(ThrowAway, _Topics):

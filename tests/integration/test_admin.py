@@ -20,7 +20,7 @@ from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
-from tests.conftest import KafkaBroker
+from tests.conftest import KafkaBroker, skip_if_external
 from tests.integration.relay_support import (
     OUTBOX_DDL,
     RelayProcess,
@@ -255,6 +255,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
 
 @pytest.fixture
 def replica_server() -> Iterator[LocalPostgres]:
+    skip_if_external("starts a cluster of its own with wal_level=replica")
     server = LocalPostgres(settings={"wal_level": "replica"})
     server.start()
     try:

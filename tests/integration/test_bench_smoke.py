@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from bench import peer
+from tests.conftest import external_services
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {
@@ -30,7 +31,14 @@ SCENARIOS = {
     "steady_high",
 }
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(external_services()),
+        reason="the benchmark starts a PostgreSQL cluster and a broker of its own; "
+        f"{' and '.join(external_services())} select external services",
+    ),
+]
 
 
 def _positive(result: dict[str, Any], *path: str) -> float:

@@ -61,10 +61,12 @@ def _write(conn: psycopg.Connection[tuple[object, ...]], n: int) -> str:
 def test_the_relay_takes_over_debeziums_slot_at_its_confirmed_position(
     database: str, broker: KafkaBroker, unique: str, mode: str
 ) -> None:
+    # Slot names are the server's, not the database's: Debezium's own may exist there already.
+    slot = f"debezium_{unique}"
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(OUTBOXEVENT_DDL.encode())
         conn.execute(PUBLICATIONS[mode].encode())  # publish: every operation, Debezium's default
-        conn.execute("SELECT pg_create_logical_replication_slot('debezium', 'pgoutput')")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         conn.execute("SET synchronous_commit = on")
         confirmed_by_debezium = [_write(conn, n) for n in range(4)]
         # A slot advances only as far as the WAL is flushed; the test cluster commits
@@ -72,9 +74,11 @@ def test_the_relay_takes_over_debeziums_slot_at_its_confirmed_position(
         lsn = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
         assert lsn is not None
         # Debezium confirmed these four (it stops here); then the application writes on.
-        conn.execute("SELECT pg_replication_slot_advance('debezium', %s)", (lsn[0],))
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s)", (slot, lsn[0]))
         assert conn.execute(
-            "SELECT confirmed_flush_lsn = %s::pg_lsn FROM pg_replication_slots", (lsn[0],)
+            "SELECT confirmed_flush_lsn = %s::pg_lsn FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (lsn[0], slot),
         ).fetchone() == (True,)
         after = [_write(conn, n) for n in range(4, 10)]
         # What Debezium's users do to keep the table small: the delete must not travel.
@@ -85,7 +89,7 @@ def test_the_relay_takes_over_debeziums_slot_at_its_confirmed_position(
         database,
         broker.bootstrap_servers,
         unique,
-        slot_name="debezium",
+        slot_name=slot,
         publication_name="dbz_publication",
         outbox_table="public.outboxevent",
         outbox_columns=orjson.dumps(COLUMNS).decode(),

@@ -23,8 +23,16 @@ from pathlib import Path
 import pytest
 
 from cdc_relay.commands import demo
+from tests.conftest import external_services
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(external_services()),
+        reason="the demo starts a PostgreSQL cluster and a broker of its own; "
+        f"{' and '.join(external_services())} select external services",
+    ),
+]
 
 EVENT_LINE = re.compile(
     r"^\s*(?P<n>\d+)\s+(?P<topic>\S+)\s+(?P<partition>\d+)\s+(?P<key>order-\S+)\s+"

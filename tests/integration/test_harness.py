@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import psycopg
@@ -10,13 +9,20 @@ import pytest
 from confluent_kafka import Producer
 
 from cdc_relay.local import ExternalBroker, ExternalPostgres, LocalBroker, LocalPostgres
+from tests.conftest import skip_if_external
 from tests.kafka_helpers import consume_all, consume_with_grace
 
 pytestmark = pytest.mark.integration
 
 PostgresServer = LocalPostgres | ExternalPostgres
 KafkaBroker = LocalBroker | ExternalBroker
-DATABASE_URL_ENV = "CDC_RELAY_TEST_DATABASE_URL"
+
+
+def _row(url: str, query: str) -> tuple[object, ...]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query.encode()).fetchone()
+    assert row is not None
+    return row
 
 
 def _scalar(url: str, query: str) -> object:
@@ -29,6 +35,7 @@ def _scalar(url: str, query: str) -> object:
 # ------------------------------------------------------------------------------- PostgreSQL
 
 
+@pytest.mark.readonly
 def test_cluster_is_up_with_logical_wal(postgres: PostgresServer) -> None:
     url = postgres.url()
     assert _scalar(url, "SHOW wal_level") == "logical"
@@ -39,6 +46,35 @@ def test_cluster_is_up_with_logical_wal(postgres: PostgresServer) -> None:
         assert postgres.log_path.is_file()
 
 
+@pytest.mark.readonly
+def test_the_admin_role_may_run_the_tier(postgres: PostgresServer) -> None:
+    """What the tier needs of the server's admin role: create (and drop) databases, roles,
+    replication slots; and room for a few relays' slots and walsenders at once."""
+    row = _row(
+        postgres.url(),
+        "SELECT rolsuper, rolcreatedb OR rolsuper, rolcreaterole OR rolsuper, "
+        "rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+    )
+    assert row[1:] == (True, True, True), "CREATEDB, CREATEROLE and REPLICATION (or SUPERUSER)"
+    senders, slots = _row(
+        postgres.url(),
+        "SELECT current_setting('max_wal_senders')::int - (SELECT count(*) FROM "
+        "pg_stat_replication), current_setting('max_replication_slots')::int - (SELECT count(*) "
+        "FROM pg_replication_slots)",
+    )
+    assert int(str(senders)) >= 4, "free max_wal_senders: a test runs up to three relays"
+    assert int(str(slots)) >= 4, "free max_replication_slots"
+
+
+@pytest.mark.readonly
+def test_broker_answers_metadata(broker: KafkaBroker) -> None:
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+    metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
+    assert metadata.brokers
+
+
+@pytest.mark.readonly
 def test_url_params(postgres: PostgresServer) -> None:
     url = postgres.url("postgres", application_name="harness check")
     assert _scalar(url, "SHOW application_name") == "harness check"
@@ -92,8 +128,7 @@ def test_stop_kill_restart_keep_data(local_postgres: LocalPostgres, unique: str)
 
 
 def test_settings_override_and_context_manager() -> None:
-    if os.environ.get(DATABASE_URL_ENV):
-        pytest.skip(f"starts its own cluster; {DATABASE_URL_ENV} selects an external server")
+    skip_if_external("starts a cluster of its own")
     with LocalPostgres(settings={"wal_level": "replica", "max_wal_senders": "5"}) as pg:
         directory = pg.directory
         assert _scalar(pg.url(), "SHOW wal_level") == "replica"
@@ -114,6 +149,7 @@ def test_settings_override_and_context_manager() -> None:
 def test_standby_streams_and_promotes() -> None:
     """standby_of: a hot standby made by pg_basebackup, streaming through a physical slot on the
     primary, read-only until promote(), then a primary of its own; cleanup removes both."""
+    skip_if_external("starts a primary and a standby of its own")
     with LocalPostgres() as primary:
         with psycopg.connect(primary.url(), autocommit=True) as conn:
             conn.execute("CREATE TABLE t (x int)")
@@ -185,6 +221,19 @@ def test_broker_round_trip_with_headers(broker: KafkaBroker, unique: str) -> Non
         assert len({r.partition for r in same_key}) == 1
         assert [r.value for r in same_key] == [v for k, v, _ in sent if k == key]
     assert records[0].header("event-id") is not None
+
+
+def test_topics_are_listed_and_deleted(broker: KafkaBroker, unique: str) -> None:
+    """What the ``unique`` fixture uses to remove a test's topics from an external broker."""
+    names = [f"harness-del-{unique}-{i}" for i in range(2)]
+    for name in names:
+        broker.create_topic(name)
+    assert set(names) <= set(broker.topics())
+    broker.delete_topics([*names, f"harness-never-{unique}"])
+    deadline = time.monotonic() + 30
+    while set(names) & set(broker.topics()):
+        assert time.monotonic() < deadline, "topics still listed 30 s after their deletion"
+        time.sleep(0.1)
 
 
 def test_consume_all_returns_what_it_has_at_timeout(broker: KafkaBroker, unique: str) -> None:

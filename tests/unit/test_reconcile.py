@@ -273,3 +273,29 @@ def test_an_acknowledged_offset_wins_over_a_note() -> None:
     )
     assert set(result.found) == {position(RECORDED + 8, 1)}
     assert result.renoted == {}
+
+
+def test_offset_gaps_of_apache_kafka_are_not_doubts() -> None:
+    """On Apache Kafka a partition's offsets have gaps a consumer never sees: transaction markers
+    (control records, one offset each, written by any transactional producer of the topic) and
+    records removed by compaction. The read-back needs increasing offsets, not consecutive ones;
+    a noted partition's note moves to just after the last record read, at or below the end.
+    (Compaction of the acknowledged record itself is DOUBTS' "first record at another offset".)"""
+    records = [
+        ours(5, RECORDED, 1, "acked"),
+        ours(7, RECORDED + 8, 1, "e1"),  # 6: a commit marker of another producer's transaction
+        ours(12, RECORDED + 8, 2, "e2"),  # 8-11: compacted away
+    ]
+    foreign = [ReadBack("u", 0, 3, (("id", b"x"),)), ReadBack("u", 0, 9, (("id", b"y"),))]
+    result = reconcile(
+        SLOT,
+        RECORDED,
+        {("t", 0): 5},
+        {("t", 0): records, ("u", 0): foreign},
+        [("t", 0), ("u", 0)],
+        noted={("u", 0): 2},
+    )
+    assert result.doubt is None
+    assert result.found == {position(RECORDED + 8, 1): b"e1", position(RECORDED + 8, 2): b"e2"}
+    # The end of u[0] may be past 10 (a marker after offset 9): a lower note only reads more.
+    assert result.renoted == {("u", 0): 10}
