@@ -15,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_relay import cli
+from cdc_relay.column_json import _JSON_NUMBER
 from cdc_relay.column_transform import compile_transform
-from cdc_relay.config import load_settings
+from cdc_relay.config import _LEGAL_TOPIC, load_settings
+from cdc_relay.decode.wal2json import _HEX
 from cdc_relay.errors import ConfigError
+from cdc_relay.outbox import _BYTEA_ESCAPE, _BYTEA_HEX, _SPACE
 from cdc_relay.patterns import MAX_PROGRAM, PatternError, compile_pattern
 from cdc_relay.publisher import ProduceRefused
 from cdc_relay.topics import TopicRules
@@ -129,6 +132,29 @@ def test_the_reported_families_at_ten_thousand_characters(regex: str, text: str)
     pattern = compile_pattern(regex)
     assert _seconds(lambda: pattern.fullmatch(text)) < 1.0
     assert not pattern.fullmatch(text) or regex.startswith("(?:a?)")
+
+
+# The relay's own fixed patterns that meet row data stay on Python's re: each is unambiguous
+# (one way to match any text), so it never backtracks more than once per character.
+_OWN: list[tuple[str, Callable[[int], object]]] = [
+    ("bytea hex", lambda n: _BYTEA_HEX.fullmatch(b"\\x" + b"ab" * n + b"a")),
+    ("bytea escape", lambda n: _BYTEA_ESCAPE.sub(b"", b"\\\\" * n + b"\\9")),
+    ("json number", lambda n: _JSON_NUMBER.fullmatch(b"1" * n + b".1e1x")),
+    ("json space", lambda n: _SPACE.match(" \t" * n + "x")),
+    ("legal topic", lambda n: _LEGAL_TOPIC.match("a" * n)),
+    ("wal2json hex", lambda n: _HEX.fullmatch("a" * n + "g")),
+]
+
+
+@pytest.mark.parametrize(("name", "match"), _OWN, ids=[name for name, _ in _OWN])
+def test_the_relays_own_patterns_on_row_data_take_linear_time(
+    name: str, match: Callable[[int], object]
+) -> None:
+    def best(n: int) -> float:
+        return min(_seconds(partial(match, n)) for _ in range(3))
+
+    small, large = best(100_000), best(400_000)
+    assert large < 8 * small + 0.05, f"{name}: {small:.4f} s, 4x the text: {large:.4f} s"
 
 
 # -- the meaning of Python's re where both accept a pattern ------------------------------------
