@@ -18,13 +18,14 @@ group; ``\\C`` (one byte, which may split a character) is refused. A pattern has
 :data:`MAX_PATTERN` characters and compiles to at most :data:`MAX_PROGRAM` instructions: with the
 callers' cap on the text's length, that bounds one match (see ``docs/security.md``).
 
-The per-row call is :meth:`Pattern.spans`: RE2's own match on UTF-8 bytes, without the ``re2``
+The per-row call is RE2's own match on UTF-8 bytes (:attr:`Pattern.match`), without the ``re2``
 module's Python-level offset translation, which costs several times the match itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, Final
 
 MAX_PATTERN: Final = 1024  # characters of a pattern
@@ -41,12 +42,13 @@ class PatternError(ValueError):
 class Pattern:
     """A compiled pattern, matched against the *whole* text (like ``re.fullmatch``)."""
 
-    __slots__ = ("_anchor", "_match", "groupindex", "groups", "program_size", "regex")
+    __slots__ = ("groupindex", "groups", "match", "program_size", "regex")
 
     def __init__(self, regex: str, compiled: Any, anchor: Any) -> None:
         self.regex = regex
-        self._match = compiled.Match
-        self._anchor = anchor
+        # RE2's own call, for a per-row caller: match(data, 0, len(data)) gives every group's
+        # span, group 0 first, and group 0's span is (-1, -1) when the text does not match.
+        self.match: Callable[[bytes, int, int], list[Span]] = partial(compiled.Match, anchor)
         self.groups: int = compiled.NumberOfCapturingGroups()
         self.program_size: int = compiled.ProgramSize()
         self.groupindex: Mapping[str, int] = {
@@ -55,7 +57,7 @@ class Pattern:
 
     def spans(self, data: bytes) -> list[Span] | None:
         """Group 0's span and every group's in UTF-8 ``data``; None when it does not match."""
-        spans: list[Span] = self._match(self._anchor, data, 0, len(data))
+        spans = self.match(data, 0, len(data))
         return None if spans[0][0] < 0 else spans
 
     def fullmatch(self, text: str) -> bool:
