@@ -12,9 +12,11 @@ ValueError the settings report with the setting's name: exit 2).
 
 The syntax is RE2's, which is Python's for everything both accept, except: ``\\d``, ``\\w``,
 ``\\s`` and ``\\b`` are ASCII only (as in Java, where Debezium's patterns come from); the end of the
-text is ``\\z`` (Python's ``\\Z``; every match is of the whole text anyway); there is no ``(?x)``
-verbose mode and no ``(?#…)`` comment; ``(?<name>…)`` (Java's) and ``(?P<name>…)`` both name a
-group; ``\\C`` (one byte, which may split a character) is refused. A pattern has at most
+text is ``\\z`` (Python's ``\\Z`` is refused with that hint; every match is of the whole text
+anyway); there is no ``(?x)`` verbose mode and no ``(?#…)`` comment; ``(?<name>…)`` (Java's) and
+``(?P<name>…)`` both name a group; ``\\C`` (one byte, which may split a character) is refused; a
+group repeated by ``*`` or ``+`` whose body can match nothing captures its last non-empty
+iteration, where Python captures an empty one. A pattern has at most
 :data:`MAX_PATTERN` characters and compiles to at most :data:`MAX_PROGRAM` instructions: with the
 callers' cap on the text's length, that bounds one match (see ``docs/security.md``).
 
