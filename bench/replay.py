@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -60,7 +61,9 @@ _LENGTH = struct.Struct(">I")
 _COMMIT, _INSERT = ord("C"), ord("I")
 
 
-def settings_for(url: str, bootstrap: str, plugin: str = "pgoutput") -> Settings:
+def settings_for(
+    url: str, bootstrap: str, plugin: str = "pgoutput", extra: dict[str, Any] | None = None
+) -> Settings:
     return Settings.model_validate(
         {
             "database_url": url,
@@ -70,6 +73,7 @@ def settings_for(url: str, bootstrap: str, plugin: str = "pgoutput") -> Settings
             "plugin": plugin,
             "sweep_interval": 0,
             "http_port": 0,
+            **(extra or {}),
         }
     )
 
@@ -221,7 +225,9 @@ def _process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def callgrind_instructions(frames_path: Path, url: str, bootstrap: str) -> tuple[float, float]:
+def callgrind_instructions(
+    frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any]
+) -> tuple[float, float]:
     """Instructions per event of one replay under callgrind, the loop only: all threads, and the
     main thread alone. The main thread's count is the judge of a change to the relay's own code:
     librdkafka's threads vary by several per cent from run to run (batching, timing)."""
@@ -246,6 +252,8 @@ def callgrind_instructions(frames_path: Path, url: str, bootstrap: str) -> tuple
                 str(frames_path),
                 url,
                 bootstrap,
+                "--child-settings",
+                json.dumps(extra),
             ],
             check=True,
             capture_output=True,
@@ -263,20 +271,23 @@ def _totals(path: Path) -> int:
     return int(totals[-1].split()[1]) if totals else 0
 
 
-def child(frames_path: Path, url: str, bootstrap: str) -> None:
+def child(frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any]) -> None:
     """The measured process under callgrind: one replay, instrumentation on around the loop."""
     frames = load_frames(frames_path)
     tune_garbage_collector()
-    replay_once(frames, settings_for(url, bootstrap), toggle=["callgrind_control", "-i"])
+    settings = settings_for(url, bootstrap, extra=extra)
+    replay_once(frames, settings, toggle=["callgrind_control", "-i"])
 
 
-def run(rows: int, per_txn: int, repeat: int, callgrind: bool) -> dict[str, Any]:
+def run(
+    rows: int, per_txn: int, repeat: int, callgrind: bool, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     with LocalPostgres() as server, LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         url = server.create_database("bench_replay")
         broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
         create_outbox(url, "pgoutput")
         write_backlog(url, rows, per_txn)
-        settings = settings_for(url, broker.bootstrap_servers)
+        settings = settings_for(url, broker.bootstrap_servers, extra=extra)
         frames = record(url, settings, rows)
         tune_garbage_collector()  # as `python -m cdc_relay` does
         runs = [replay_once(frames, settings) for _ in range(repeat)]
@@ -295,7 +306,9 @@ def run(rows: int, per_txn: int, repeat: int, callgrind: bool) -> dict[str, Any]
         if callgrind:
             path = Path(tmp) / "frames.bin"
             save_frames(frames, path)
-            every_thread, main_thread = callgrind_instructions(path, url, broker.bootstrap_servers)
+            every_thread, main_thread = callgrind_instructions(
+                path, url, broker.bootstrap_servers, extra or {}
+            )
             result["callgrind_instructions_per_event"] = round(every_thread)
             result["callgrind_main_instructions_per_event"] = round(main_thread)
     return result
@@ -308,9 +321,28 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--callgrind", action="store_true", help="also count instructions/event")
     parser.add_argument(
+        "--relay-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a relay setting (VALUE as JSON when it parses), e.g. outbox_columns='{...}'",
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("FRAMES", "URL", "BOOTSTRAP"), help=argparse.SUPPRESS
     )
-    return parser.parse_args()
+    parser.add_argument("--child-settings", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    extra: dict[str, Any] = {}
+    for item in args.relay_setting:
+        name, equals, value = item.partition("=")
+        if not equals:
+            parser.error(f"--relay-setting takes NAME=VALUE, got {item!r}")
+        try:
+            extra[name] = json.loads(value)
+        except ValueError:
+            extra[name] = value
+    args.relay_setting = extra
+    return args
 
 
 def _lines(result: dict[str, Any]) -> Iterator[str]:
@@ -323,9 +355,10 @@ def main() -> None:
     args = _parse()
     if args.child:
         frames_path, url, bootstrap = args.child
-        child(Path(frames_path), url, bootstrap)
+        child(Path(frames_path), url, bootstrap, json.loads(args.child_settings))
         return
-    for line in _lines(run(args.rows, args.per_txn, args.repeat, args.callgrind)):
+    result = run(args.rows, args.per_txn, args.repeat, args.callgrind, args.relay_setting)
+    for line in _lines(result):
         print(line)
 
 

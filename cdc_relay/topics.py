@@ -1,10 +1,12 @@
 """Which topics rows may send to, and making sure a topic exists before its first record.
 
 A topic an event goes to is chosen by a row (the template, a topic column), so by any writer: it
-must match ``CDC_RELAY_TOPIC_ALLOWLIST``, and creating it (``CDC_RELAY_MISSING_TOPICS=create``)
-counts against ``CDC_RELAY_MAX_CREATED_TOPICS`` for the life of the process. The dead-letter
-topic is the operator's own and exempt from both. A refused topic refuses the record
-(:class:`~cdc_relay.publisher.ProduceRefused`, permanent): the poison policy takes it from there.
+must match ``CDC_RELAY_TOPIC_ALLOWLIST`` (in linear time, :mod:`cdc_relay.patterns`; only a legal
+name, at most 249 characters, is matched: others are refused as illegal), and creating it
+(``CDC_RELAY_MISSING_TOPICS=create``) counts against ``CDC_RELAY_MAX_CREATED_TOPICS`` for the life
+of the process. The dead-letter topic is the operator's own and exempt from both. A refused topic
+refuses the record (:class:`~cdc_relay.publisher.ProduceRefused`, permanent): the poison policy
+takes it from there.
 
 Metadata and creation are network round trips: they run on a helper thread while the caller's
 ``serve`` keeps the session's duties going (deliveries, confirmations, keepalives, a stop). The
@@ -13,15 +15,15 @@ records after the waiting one wait too, so their order holds.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
-from cdc_relay.config import MissingTopics, Settings
+from cdc_relay.config import MissingTopics, Settings, legal_topic
 from cdc_relay.logs import cut
+from cdc_relay.patterns import compile_pattern
 from cdc_relay.publisher import ProduceRefused
 
 _T = TypeVar("_T")
@@ -48,7 +50,9 @@ class TopicRules:
 
     def __init__(self, settings: Settings) -> None:
         allowlist = settings.topic_allowlist
-        self._allowlist = re.compile(allowlist) if allowlist is not None else None
+        self._allowlist = (
+            compile_pattern(allowlist, capture=False) if allowlist is not None else None
+        )
         self._limit = settings.max_created_topics
         self._create = settings.missing_topics is MissingTopics.CREATE
         self._partitions = settings.topic_partitions
@@ -59,7 +63,12 @@ class TopicRules:
         self, admin: TopicAdmin, topic: str, *, event: bool, serve: Callable[[], None]
     ) -> None:
         """``topic`` exists (or was created) and may be used; ProduceRefused when not."""
-        if event and self._allowlist is not None and not self._allowlist.fullmatch(topic):
+        if (
+            event
+            and self._allowlist is not None
+            and legal_topic(topic)  # an illegal name is refused as such by admin.ensure_topic
+            and not self._allowlist.fullmatch(topic)
+        ):
             raise ProduceRefused.policy(
                 f"topic {cut(topic)!r} is not allowed by CDC_RELAY_TOPIC_ALLOWLIST"
             )

@@ -8,7 +8,6 @@ reported rather than stopping at the first; the broker and topic checks are this
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable
 from functools import partial
@@ -16,6 +15,7 @@ from typing import Any
 
 from cdc_relay.commands.output import print_line
 from cdc_relay.config import MissingTopics, Settings, redact_url
+from cdc_relay.patterns import compile_pattern
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.source import Connection, connect, scalar
@@ -117,11 +117,13 @@ def _topics(settings: Settings, metadata: Any) -> str:
     for template in sorted(templates):
         if not any(name for _, name, _, _ in string.Formatter().parse(template)):
             wanted.append(("topic", template))  # a fixed topic name, no per-row fields
-    allowlist = settings.topic_allowlist
+    allowlist = (
+        None if settings.topic_allowlist is None else compile_pattern(settings.topic_allowlist)
+    )
     refused = [
         topic
         for role, topic in wanted
-        if role == "topic" and allowlist is not None and not re.fullmatch(allowlist, topic)
+        if role == "topic" and allowlist is not None and not allowlist.fullmatch(topic)
     ]
     if refused:
         raise Unmet(

@@ -3,6 +3,7 @@ creation that runs off the streaming loop (a stop is honoured while a broker doe
 
 from __future__ import annotations
 
+import json
 import time
 
 import psycopg
@@ -77,6 +78,53 @@ def test_topics_outside_the_allowlist_or_over_the_limit_are_refused(
     topics = _existing_topics(broker.bootstrap_servers)
     assert f"{unique}.evil" not in topics
     assert f"{unique}.extra" not in topics
+
+
+def test_patterns_that_would_backtrack_neither_wedge_the_relay_nor_pass_a_row(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """The allow-list and a key transform of shapes Python's re took forever on: the hostile
+    rows are dead-lettered, and the rows after them arrive, within seconds."""
+    create_outbox(database)
+    dead_letter = f"{unique}.dead_letter"
+    broker.create_topic(dead_letter, partitions=1)
+    key_from = {
+        "column": "aggregate_id",
+        "regex": "([a-z0-9][a-z0-9-]?)+::(.*)",
+        "replacement": "$2",
+    }
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        topic_allowlist=rf"{unique}\.([a-z0-9]+[_-]?)+",
+        outbox_columns=json.dumps({"key_from": key_from}),
+    )
+    events = [
+        new_event("a" * 40 + "!", "shop::k1"),  # the report's row: not even a legal topic
+        new_event("a" * 40 + ".", "shop::k2"),  # legal, and the allow-list must say no
+        new_event("order", "a" * 40 + "!"),  # the key transform must say no
+        new_event("order", "shop-eu::k4"),  # the row after them
+    ]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        with psycopg.connect(database) as conn:
+            insert_events(conn, events)
+            conn.commit()
+        orders = consume_with_grace(broker.bootstrap_servers, [f"{unique}.order"], 1, 30)
+        dead = consume_with_grace(broker.bootstrap_servers, [dead_letter], 3, 30)
+        assert relay.stop(timeout=30) == 0, relay.logs()
+    finally:
+        relay.close()
+    assert [(r.header("id"), r.key) for r in orders] == [(events[3].id.encode(), b"k4")]
+    by_id = {r.header("cdc_relay.event_id"): r for r in dead}
+    assert set(by_id) == {e.id.encode() for e in events[:3]}
+    assert b"invalid topic name" in (by_id[events[0].id.encode()].header("cdc_relay.error") or b"")
+    refused = by_id[events[1].id.encode()]
+    assert b"CDC_RELAY_TOPIC_ALLOWLIST" in (refused.header("cdc_relay.error") or b"")
+    assert refused.header("cdc_relay.error_code") == b"POLICY_VIOLATION"
+    assert b"key_from.regex" in (by_id[events[2].id.encode()].header("cdc_relay.error") or b"")
 
 
 def test_a_stop_is_honoured_while_a_topic_is_being_created(
