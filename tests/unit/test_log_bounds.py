@@ -30,8 +30,9 @@ from cdc_relay.logs import (
     configure,
     cut,
 )
+from cdc_relay.observability.stats import RelayStats
 from cdc_relay.poison import PoisonPolicyHandler, RefusedRecord
-from cdc_relay.publisher import ProduceRefused
+from cdc_relay.publisher import ProduceRefused, Publisher
 from cdc_relay.topics import TopicRules
 from cdc_relay.watermark import Watermark
 
@@ -211,12 +212,18 @@ def test_a_poison_record_with_a_huge_topic_logs_and_fails_in_short_text(
 
 
 def test_a_refused_topic_is_quoted_cut() -> None:
+    """The allow-list matches legal names only; the illegal name is refused, quoted cut."""
     settings = load_settings(
         database_url="postgresql://relay@db/app",
         kafka_bootstrap_servers="k:9092",
         topic_allowlist=r"outbox\.event\.[a-z]+",
     )
-    with pytest.raises(ProduceRefused) as refused:
-        TopicRules(settings).ensure(Mock(), HUGE_TOPIC, event=True, serve=lambda: None)
+    publisher = Publisher({"bootstrap.servers": "127.0.0.1:9"}, RelayStats())
+    try:
+        with pytest.raises(ProduceRefused) as refused:
+            TopicRules(settings).ensure(publisher, HUGE_TOPIC, event=True, serve=lambda: None)
+    finally:
+        publisher.close(purge=True)
+    assert refused.value.reason.startswith("invalid topic name")
     assert len(refused.value.reason) < 2 * MAX_VALUE_CHARS
     assert "…[cut " in refused.value.reason
