@@ -36,6 +36,8 @@ def connection_defaults(lease_timeout: float) -> dict[str, str]:
     budget = lease_timeout / 2
     idle = max(1, math.floor(budget / 2))
     interval = max(1, math.floor((budget - idle) / KEEPALIVES_COUNT))
+    # An interval raised to libpq's one second leaves less of the budget to the idle time.
+    idle = max(1, min(idle, math.floor(budget - KEEPALIVES_COUNT * interval)))
     return {
         "keepalives": "1",
         "keepalives_idle": str(idle),
