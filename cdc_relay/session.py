@@ -42,13 +42,13 @@ from cdc_relay.decode.messages import (
     TupleData,
 )
 from cdc_relay.errors import (
-    LeadershipLost,
     ProtocolError,
     RelayError,
     SinkUnavailable,
     SourceUnavailable,
     StopSession,
 )
+from cdc_relay.leadership import require_lease
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
@@ -587,8 +587,8 @@ class Session:
 
     def housekeeping(self, reply: bool = False) -> None:
         """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
-        if not self.owner.leading:  # first: a leader that lost its lease confirms nothing
-            raise LeadershipLost("this relay's leader lease ran out")
+        # First: a leader that lost its lease confirms nothing.
+        require_lease(self.owner.leading, "nothing more confirmed")
         sink = self.sink
         sink.poll(0)
         if self.tracker.failures:
