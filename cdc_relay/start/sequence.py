@@ -1,26 +1,8 @@
-"""What runs before a session streams, in the order it runs (the README's "How it works", step 2).
+"""The start sequence: what runs before a session streams, in the order it runs.
 
-Once, before the process stands by, :meth:`StartSequence.check_database`: the database's
-prerequisites and the state tables, so that a standby with a broken configuration fails now, not
-when it is needed. Then, as the leader, for every session (:meth:`StartSequence.session`):
-
-1. the prerequisites again (unless the check above has just run on the same connection), the
-   publication and its row filters, the state table;
-2. the recorded position, trusted only when this server can have it
-   (:mod:`cdc_relay.record_origin`);
-3. the position the previous session acknowledged, carried over as far as it holds on this
-   server (a promoted standby's history is the old primary's only up to its promotion);
-4. the slot: created, or, once the previous leader's walsender has let go of it, checked;
-5. where to start (:func:`cdc_relay.checkpoint.resolve_start`), and the row filters recorded;
-6. ``START_REPLICATION``, the walsender noted in the lease;
-7. while the server decodes its way to the start position: the read-back from Kafka of what an
-   earlier incarnation already delivered (:meth:`StartSequence.read_back`, with
-   :class:`Keepalive` meanwhile), beside the relay building its producer.
-
-Everything it asks PostgreSQL goes through :class:`StartDatabase` (:class:`PostgresStart` is the
-real one, one connection), so the unit tests drive the sequence with fakes (``tests/fakes.py``).
-A leader whose lease runs out on the way stops here with
-:class:`~cdc_relay.errors.LeadershipLost` (from :mod:`cdc_relay.leadership`).
+See :mod:`cdc_relay.start` for the order. Everything the sequence asks PostgreSQL goes through
+:class:`StartDatabase`, and the read-back from Kafka is a function it is given, so the unit tests
+drive it with fakes (``tests/fakes.py``); :mod:`cdc_relay.start.adapters` holds the real ones.
 """
 
 from __future__ import annotations
@@ -33,42 +15,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import orjson
-import psycopg
 
-from cdc_relay.checkpoint import PostgresCheckpointStore, Record, check_missing_slot, resolve_start
+from cdc_relay.checkpoint import Record, check_missing_slot, resolve_start
 from cdc_relay.config import Settings
-from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import PositionMismatch, SourceUnavailable
-from cdc_relay.leadership import Leadership, terminate_backend
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability import launch
 from cdc_relay.observability.stats import RelayStats
-from cdc_relay.prerequisites import require, require_usable_slot
 from cdc_relay.publication_filter import FilterMismatch
-from cdc_relay.record_origin import history_switches, problem, refusal
+from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences, recorded_form
-from cdc_relay.replication.failover import ensure_failover, promotion_note, wants_failover
-from cdc_relay.replication.source import (
-    Heartbeats,
-    SlotState,
-    SourceDatabase,
-    connect,
-    retained_wal,
-    slot_state,
-)
-from cdc_relay.replication.stream import (
-    ReplicationStream,
-    timeline,
-    timeline_history,
-    timeline_start,
-)
+from cdc_relay.replication.source import SlotState
 
 if TYPE_CHECKING:
     from cdc_relay.reconcile import Offsets, Reconciliation
 
 log = logging.getLogger(__name__)
 
-Connection = psycopg.Connection[tuple[object, ...]]
 Timeline = tuple[str, int]  # (system identifier, timeline id)
 
 CHECKED_FRESH = 5.0  # seconds the start-up check stands for the first session's
@@ -495,121 +458,3 @@ class Keepalive:
         if now >= self._next:
             self._next = now + KEEPALIVE_INTERVAL
             self._stream.send_status(self._start, self._start)
-
-
-def kafka_read_back(settings: Settings, stopping: Callable[[], bool]) -> ReadBack:
-    """The read-back from Kafka (:mod:`cdc_relay.reconcile`), or None when it is turned off."""
-
-    def read_back(
-        start: int, offsets: Offsets | None, noted: Offsets | None
-    ) -> Reconciliation | None:
-        if not settings.reconcile:
-            return None
-        from cdc_relay.publisher import admin_config  # noqa: PLC0415
-        from cdc_relay.reconcile import reconcile_with_kafka  # noqa: PLC0415
-
-        # The previous incarnation is gone (killed, or this process's purged producer): what it
-        # delivered after ``start`` is all in Kafka now.
-        return reconcile_with_kafka(
-            admin_config(settings.producer_config()),
-            settings.slot_name,
-            start,
-            offsets=offsets,
-            noted=noted,
-            timeout=settings.reconcile_timeout,
-            stopping=stopping,  # a stop does not wait for the read
-        )
-
-    return read_back
-
-
-class PostgresStart:
-    """:class:`StartDatabase` on one psycopg connection (and the replication protocol's own)."""
-
-    def __init__(self, settings: Settings, leadership: Leadership) -> None:
-        self._settings = settings
-        self._leadership = leadership
-        self._url = settings.source_url()
-        self._conn = connect(self._url)
-        self._source = SourceDatabase(
-            self._conn,
-            settings.tables(),
-            settings.publication_name,
-            settings.slot_name,
-            settings.plugin.value,
-        )
-        self._heartbeats = Heartbeats(self._conn)
-
-    def require(self) -> None:
-        require(self._conn, self._settings)
-
-    def wants_failover(self) -> bool:
-        return wants_failover(self._conn, self._settings)
-
-    def ensure_publication(self) -> bool:
-        return self._source.ensure_publication()
-
-    def ensure_row_filters(self) -> FilterMismatch | None:
-        return self._source.ensure_row_filters()
-
-    def store(self) -> PostgresCheckpointStore:
-        """The position record, written only while this process holds the leader lease."""
-        settings = self._settings
-        return PostgresCheckpointStore(
-            self._conn, settings.state_schema, settings.slot_name, holder=self._leadership.holder
-        )
-
-    def slot(self) -> SlotState | None:
-        return slot_state(self._conn, self._settings.slot_name)
-
-    def create_slot(self, failover: bool) -> SlotState:
-        return self._source.create_slot(failover)
-
-    def end_backend(self, pid: int) -> None:
-        terminate_backend(self._conn, pid)
-
-    def require_usable_slot(self, slot: SlotState) -> None:
-        require_usable_slot(self._conn, self._settings, slot)
-
-    def ensure_failover(self, slot: SlotState) -> None:
-        ensure_failover(self._conn, self._settings, slot)
-
-    def promotion_note(self, slot: SlotState, recorded: int | None) -> str | None:
-        return promotion_note(self._conn, self._settings, slot, recorded)
-
-    def timeline(self) -> Timeline:
-        return timeline(self._url)
-
-    def timeline_start(self, timeline_id: int, since: int) -> int | None:
-        return timeline_start(self._url, timeline_id, since=since)
-
-    def history_switches(self, timeline_id: int) -> list[tuple[int, int]]:
-        return history_switches(timeline_history(self._url, timeline_id))
-
-    def open_stream(self, start: int) -> ReplicationStream:
-        settings = self._settings
-        stream = ReplicationStream(
-            self._url,
-            settings.slot_name,
-            start,
-            plugin_options_for(settings),
-            coalesce=settings.read_coalesce_ms / 1000,
-        )
-        stream.open()
-        return stream
-
-    def note_stream(self, pid: int) -> None:
-        self._leadership.record_stream(self._conn, pid)
-
-    def heartbeat(self) -> None:
-        self._heartbeats()
-
-    def retained_wal(self) -> int | None:
-        return retained_wal(self._conn, self._settings.slot_name)
-
-    @property
-    def closed(self) -> bool:
-        return self._conn.closed
-
-    def close(self) -> None:
-        self._conn.close()
