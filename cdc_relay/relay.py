@@ -1,17 +1,18 @@
-"""The relay: sessions, one after another, until stopped; health, metrics and the sweeper beside.
+"""The relay's lifecycle: lead or stand by, run sessions one after another, back off.
 
-One *session* (:mod:`cdc_relay.session`) is one replication connection. It starts at the relay's
-acknowledged position, reads messages in commit order and publishes every outbox event;
-:mod:`cdc_relay.confirmation` confirms the contiguous watermark (first to the relay's own record,
-then to the slot). A lost PostgreSQL connection or a Kafka producer that stops making progress
-ends the session; the next one starts, after a backoff, from the position everything before which
-Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
-an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
-that those events are not published twice. A session sends ``START_REPLICATION`` as soon as the
-checks allow, then loads its code, builds the producer and reads back from Kafka while the server
-decodes its way to the start position (start-up time, issue 17). What the relay cannot fix
-(configuration, prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the
-project's error, whose exit code the CLI returns.
+A process competes for the leadership (:mod:`cdc_relay.leadership`) and stands by, alive, until
+it leads. As the leader it runs *sessions*: each one started by :mod:`cdc_relay.start` (the
+checks, the position, the slot, ``START_REPLICATION``, the read-back from Kafka) and streamed by
+:mod:`cdc_relay.session`, one replication connection each. A lost PostgreSQL connection or a
+Kafka producer that stops making progress ends a session; the next one starts, after a backoff,
+from the position everything before which Kafka acknowledged — never a lost event. A lost
+leadership (:class:`~cdc_relay.errors.LeadershipLost`, handled in :meth:`Relay._lead` only)
+drops what is in flight and makes a standby again. What the relay cannot fix (configuration,
+prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
+whose exit code the CLI returns. The HTTP server, the metrics and the sweeper run beside.
+
+The relay talks to the leadership and to the start through the Protocols below, so the unit
+tests drive its lifecycle with fakes (``tests/fakes.py``).
 """
 
 from __future__ import annotations
@@ -146,10 +147,9 @@ class Relay:
         found = self.leadership.foreign_holder
         return None if found is None else found.as_dict()
 
-    @property
-    def leading(self) -> bool:
-        """This process holds the leadership (read by the session's housekeeping)."""
-        return self.leadership.leading
+    def require_leading(self) -> None:
+        """LeadershipLost unless this process still leads (the session's housekeeping asks)."""
+        require_lease(self.leadership.leading, "nothing more confirmed")
 
     def request_stop(self) -> None:
         """Safe from a signal handler: the loop notices within one read timeout."""

@@ -48,7 +48,6 @@ from cdc_relay.errors import (
     SourceUnavailable,
     StopSession,
 )
-from cdc_relay.leadership import require_lease
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
@@ -119,9 +118,8 @@ class SessionOwner(Protocol):
     @property
     def failed(self) -> bool: ...
 
-    @property
-    def leading(self) -> bool:
-        """Still the leader (read at housekeeping, never per message)."""
+    def require_leading(self) -> None:
+        """LeadershipLost unless still the leader (asked at housekeeping, never per message)."""
 
     def fail(self, error: RelayError) -> None: ...
 
@@ -587,8 +585,7 @@ class Session:
 
     def housekeeping(self, reply: bool = False) -> None:
         """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
-        # First: a leader that lost its lease confirms nothing.
-        require_lease(self.owner.leading, "nothing more confirmed")
+        self.owner.require_leading()  # first: a leader that lost its lease confirms nothing
         sink = self.sink
         sink.poll(0)
         if self.tracker.failures:

@@ -74,6 +74,9 @@ class FakeOwner:
     def failed(self) -> bool:
         return self.failure is not None
 
+    def require_leading(self) -> None:
+        require_lease(self.leading, "nothing more confirmed")
+
     def fail(self, error: RelayError) -> None:
         self.failure = error
         self.stopping = True

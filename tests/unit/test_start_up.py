@@ -1,4 +1,4 @@
-"""Start-up (issue 17): what the start path imports, and the launch figure the relay reports.
+"""Start-up time: what the start path imports, and the launch figure the relay reports.
 
 The relay sends START_REPLICATION before it loads what only streaming needs, and never loads what
 its configuration does not use (the other plugin's decoder, the OpenTelemetry SDK and exporters,
