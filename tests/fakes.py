@@ -503,8 +503,8 @@ class FakeStartDatabase:
 
 class FakeStart:
     """The start of sessions as the relay sees it: each session's start raises the next of
-    ``failures`` (None: a start the test does not expect), or asks the relay to stop first when
-    the entry is callable."""
+    ``failures`` (a callable makes it, e.g. after asking the relay to stop); one more start than
+    the test expects fails it with IndexError."""
 
     def __init__(self, failures: list[BaseException | Callable[[], BaseException]]) -> None:
         self.failures = list(failures)
