@@ -123,8 +123,6 @@ def load_frames(path: Path) -> list[bytes]:
 class ReplayOwner:
     """The relay as the replayed session sees it: one process, so always the leader."""
 
-    leading = True
-
     def __init__(self) -> None:
         self.stopping = False
         self.failure: RelayError | None = None
@@ -132,6 +130,9 @@ class ReplayOwner:
     @property
     def failed(self) -> bool:
         return self.failure is not None
+
+    def require_leading(self) -> None:
+        return None
 
     def fail(self, error: RelayError) -> None:
         self.failure = error

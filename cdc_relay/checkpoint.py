@@ -53,6 +53,13 @@ DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state ta
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
 
 
+def fenced(rowcount: int, outcome: str) -> None:
+    """A write fenced by the lease (it names this holder, or the statement writes nothing) wrote
+    nothing: another relay leads now. The one place that cause ends a leadership."""
+    if rowcount != 1:
+        raise LeadershipLost(f"another relay holds the leader lease: {outcome}")
+
+
 @dataclass(frozen=True)
 class StateTable:
     """The state table as this role finds it (see :meth:`PostgresCheckpointStore.inspect`)."""
@@ -296,10 +303,7 @@ class PostgresCheckpointStore:
             f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
         ).format(self._lease, self._table)
         cursor = self._run(query, (self._slot, self._holder, *row))
-        if cursor.rowcount != 1:
-            raise LeadershipLost(
-                "another relay holds the leader lease: the position was not recorded"
-            )
+        fenced(cursor.rowcount, "the position was not recorded")
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
         """Record the row filters the relay relays with (:mod:`cdc_relay.relayed_filters`);
@@ -323,8 +327,7 @@ class PostgresCheckpointStore:
             "AND EXISTS (SELECT 1 FROM lease)"
         ).format(self._lease, self._table)
         cursor = self._run(query, (self._slot, self._holder, encoded, changed, self._slot))
-        if cursor.rowcount != 1:
-            raise LeadershipLost("another relay holds the leader lease: nothing was recorded")
+        fenced(cursor.rowcount, "nothing was recorded")
 
     def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
         """The acknowledged offsets recorded with the position, and the offsets noted before
@@ -352,8 +355,7 @@ class PostgresCheckpointStore:
             "(SELECT 1 FROM lease)"
         ).format(self._lease, self._table)
         cursor = self._run(query, (self._slot, self._holder, encoded, self._slot))
-        if cursor.rowcount != 1:
-            raise LeadershipLost("another relay holds the leader lease: nothing was noted")
+        fenced(cursor.rowcount, "nothing was noted")
 
     def load_sweep_boundary(self) -> int | None:
         """The first transaction id whose outbox rows the slot is sure to have streamed.

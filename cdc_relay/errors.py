@@ -40,7 +40,11 @@ class SlotInUse(SourceSetupError):
 
 class LeadershipLost(SourceError):
     """Another relay leads now (this one's lease was taken over): stop streaming at once, drop
-    what is in flight, confirm nothing, and become a standby. Never ends the process."""
+    what is in flight, confirm nothing, and become a standby. Never ends the process.
+
+    Raised for two causes, each in one place: the lease ran out by this process's clock
+    (:func:`cdc_relay.leadership.require_lease`), a write fenced by the lease found another holder
+    (:func:`cdc_relay.checkpoint.fenced`); handled by :meth:`cdc_relay.relay.Relay._lead`."""
 
 
 class PositionMismatch(SourceError):

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from cdc_relay.checkpoint import LEASE_TABLE
+from cdc_relay.checkpoint import LEASE_TABLE, fenced
 from cdc_relay.config import Settings
 from cdc_relay.errors import LeadershipLost, SourceError
 from cdc_relay.replication.source import connect
@@ -132,6 +132,15 @@ _LEASE_HOLDER_ALIVE = sql.SQL(
 _LEASE_FREE = sql.SQL("l.holder = %s OR l.expires_at < now() OR NOT {}").format(_LEASE_HOLDER_ALIVE)
 
 
+def require_lease(leading: bool, outcome: str) -> None:
+    """This relay's lease ran out by its own clock (:attr:`Leadership.leading` is false): whatever
+    it was about to do, it stops with LeadershipLost. The one place that cause ends a leadership;
+    the other, a fenced write that found another holder, is :func:`cdc_relay.checkpoint.fenced`.
+    """
+    if not leading:
+        raise LeadershipLost(f"this relay's leader lease ran out: {outcome}")
+
+
 def holder_id() -> str:
     """This process's name in the lease: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
@@ -205,16 +214,15 @@ class Leadership:
 
     def record_stream(self, conn: Connection, pid: int) -> None:
         """Write the walsender's pid into the lease (a successor ends it if it lingers)."""
-        if not self.leading:  # the lease row may still name us after the lock connection died
-            raise LeadershipLost("the leader lease was lost before streaming began")
+        # The lease row may still name this relay after its lock connection died.
+        require_lease(self.leading, "streaming not begun")
         cursor = conn.execute(
             sql.SQL("UPDATE {} SET stream_pid = %s WHERE slot_name = %s AND holder = %s").format(
                 self._lease
             ),
             (pid, self.settings.slot_name, self.holder),
         )
-        if cursor.rowcount != 1:
-            raise LeadershipLost("another relay took the leader lease before streaming began")
+        fenced(cursor.rowcount, "streaming not begun")
 
     # -- the thread ----------------------------------------------------------------------------
 

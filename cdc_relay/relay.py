@@ -1,17 +1,18 @@
-"""The relay: sessions, one after another, until stopped; health, metrics and the sweeper beside.
+"""The relay's lifecycle: lead or stand by, run sessions one after another, back off.
 
-One *session* (:mod:`cdc_relay.session`) is one replication connection. It starts at the relay's
-acknowledged position, reads messages in commit order and publishes every outbox event;
-:mod:`cdc_relay.confirmation` confirms the contiguous watermark (first to the relay's own record,
-then to the slot). A lost PostgreSQL connection or a Kafka producer that stops making progress
-ends the session; the next one starts, after a backoff, from the position everything before which
-Kafka acknowledged — never a lost event. Before it publishes again, it reads back from Kafka what
-an earlier incarnation already delivered of the unconfirmed tail (:mod:`cdc_relay.reconcile`), so
-that those events are not published twice. A session sends ``START_REPLICATION`` as soon as the
-checks allow, then loads its code, builds the producer and reads back from Kafka while the server
-decodes its way to the start position (start-up time, issue 17). What the relay cannot fix
-(configuration, prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the
-project's error, whose exit code the CLI returns.
+A process competes for the leadership (:mod:`cdc_relay.leadership`) and stands by, alive, until
+it leads. As the leader it runs *sessions*: each one started by :mod:`cdc_relay.start` (the
+checks, the position, the slot, ``START_REPLICATION``, the read-back from Kafka) and streamed by
+:mod:`cdc_relay.session`, one replication connection each. A lost PostgreSQL connection or a
+Kafka producer that stops making progress ends a session; the next one starts, after a backoff,
+from the position everything before which Kafka acknowledged — never a lost event. A lost
+leadership (:class:`~cdc_relay.errors.LeadershipLost`, handled in :meth:`Relay._lead` only)
+drops what is in flight and makes a standby again. What the relay cannot fix (configuration,
+prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
+whose exit code the CLI returns. The HTTP server, the metrics and the sweeper run beside.
+
+The relay talks to the leadership and to the start through the Protocols below, so the unit
+tests drive its lifecycle with fakes (``tests/fakes.py``).
 """
 
 from __future__ import annotations
@@ -19,60 +20,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
-
-import orjson
-import psycopg
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from cdc_relay.backoff import Backoff
-from cdc_relay.checkpoint import (
-    PostgresCheckpointStore,
-    Record,
-    check_missing_slot,
-    resolve_start,
-)
 from cdc_relay.config import Settings
-from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import (
     LeadershipLost,
-    PositionMismatch,
     RelayError,
     SinkUnavailable,
     SlotInUse,
     SourceUnavailable,
     StopSession,
 )
-from cdc_relay.leadership import Leadership, terminate_backend
+from cdc_relay.leadership import ForeignHolder, Leadership, require_lease
 from cdc_relay.lsn import format_lsn
-from cdc_relay.observability import launch
 from cdc_relay.observability.http import HealthServer
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.prerequisites import require, require_usable_slot
-from cdc_relay.record_origin import history_switches, problem, refusal
-from cdc_relay.relayed_filters import differences, recorded_form
-from cdc_relay.replication.failover import (
-    ensure_failover,
-    promotion_note,
-    wants_failover,
-)
-from cdc_relay.replication.source import (
-    Heartbeats,
-    SlotState,
-    SourceDatabase,
-    connect,
-    retained_wal,
-    slot_state,
-)
-from cdc_relay.replication.stream import (
-    ReplicationStream,
-    timeline,
-    timeline_history,
-    timeline_start,
-)
+from cdc_relay.start import PostgresStart, Started, StartSequence, kafka_read_back
 from cdc_relay.sweeper import Sweeper
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from prometheus_client import CollectorRegistry
 
     from cdc_relay.observability.metrics import RelayMetrics
@@ -82,14 +53,50 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Connection = psycopg.Connection[tuple[object, ...]]
-
 READY_PROBE_TIMEOUT = 2.0
 SWEEPER_JOIN_TIMEOUT = 10.0
 STANDBY_LOG_INTERVAL = 60.0  # a standby says so at start and this often
 STANDBY_FIRST_LOG = 1.0  # "at start": once it has been a standby this long
-SLOT_RELEASE_POLL = 0.05
-CHECKED_FRESH = 5.0  # seconds the start-up check stands for the first session's
+
+
+class RelayLeadership(Protocol):
+    """Which relay leads (:class:`~cdc_relay.leadership.Leadership`), as the relay sees it."""
+
+    became_leader: threading.Event
+    leader_seen: str | None  # the lease's holder, as a standby last read it
+    foreign_holder: ForeignHolder | None
+
+    @property
+    def leading(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def resign(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class RelayStart(Protocol):
+    """The start of sessions (:class:`~cdc_relay.start.StartSequence`), as the relay sees it."""
+
+    @property
+    def resume_position(self) -> int: ...
+
+    def check_database(self) -> None: ...
+
+    def drop_stale(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def session(self) -> AbstractContextManager[Started]: ...
+
+    def read_back(
+        self, started: Started, meanwhile: Callable[[], None]
+    ) -> tuple[Reconciliation | None, Offsets | None]: ...
+
+    def carry(self, position: int, offsets: Offsets) -> None: ...
+
+    def forget(self) -> None: ...
 
 
 class Relay:
@@ -101,6 +108,8 @@ class Relay:
         *,
         tracing: Tracing | None = None,
         registry: CollectorRegistry | None = None,
+        leadership: RelayLeadership | None = None,
+        start: RelayStart | None = None,
     ) -> None:
         self.settings = settings
         self.stats = RelayStats()
@@ -109,28 +118,38 @@ class Relay:
         self._stop = threading.Event()
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
-        self._confirmed: int | None = None  # acknowledged position carried across sessions
-        self._timeline: tuple[str, int] | None = None  # (system id, timeline) it was read on
-        self._offsets: Offsets | None = None  # and the acknowledged offsets at that position
         self._publisher: Publisher | None = None
         # The topic creation limit is per process; made with the first session (it needs Kafka).
         self.topic_rules: TopicRules | None = None
-        self.leadership = Leadership(settings)
+        if (leadership is None) != (start is None):
+            raise ValueError("give both the leadership and the start, or neither")
+        if leadership is None or start is None:
+            own = Leadership(settings)
+            leadership, start = own, self._start_sequence(own)
+        self.leadership: RelayLeadership = leadership
+        self.start: RelayStart = start
         self.stats.lease_valid = lambda: self.leadership.leading
         self.stats.foreign_lock_holder = self._foreign_lock_holder
-        # The start-up check's connection, handed to the first session if this process leads at
-        # once: that session then neither connects nor checks again.
-        self._checked: Connection | None = None
-        self._checked_at = 0.0
+
+    def _start_sequence(self, leadership: Leadership) -> StartSequence:
+        settings = self.settings
+        return StartSequence(
+            settings,
+            self.stats,
+            leadership,
+            connect=lambda: PostgresStart(settings, leadership),
+            read_back=kafka_read_back(settings, lambda: self.stopping),
+            stopping=lambda: self.stopping,
+            sleep=self._stop.wait,
+        )
 
     def _foreign_lock_holder(self) -> dict[str, object] | None:
         found = self.leadership.foreign_holder
         return None if found is None else found.as_dict()
 
-    @property
-    def leading(self) -> bool:
-        """This process holds the leadership (read by the session's housekeeping)."""
-        return self.leadership.leading
+    def require_leading(self) -> None:
+        """LeadershipLost unless this process still leads (the session's housekeeping asks)."""
+        require_lease(self.leadership.leading, "nothing more confirmed")
 
     def request_stop(self) -> None:
         """Safe from a signal handler: the loop notices within one read timeout."""
@@ -216,42 +235,36 @@ class Relay:
             while not self.stopping:
                 if not self._await_leadership():
                     break
-                self.stats.leader = True
-                try:
-                    self._run_sessions()
-                except LeadershipLost as exc:
-                    log.warning(
-                        "lost the leadership: dropped what was in flight, now a standby",
-                        extra={"fields": {"reason": str(exc)}},
-                    )
-                    self._confirmed = None  # the next leader's record is the truth now
-                    self._offsets = None
-                    leadership.resign()
-                finally:
-                    self.stats.leader = False
-                    self.stats.streaming = False
+                self._lead()
         finally:
-            self._drop_checked()
+            self.start.close()
             leadership.release()  # after the clean stop: a standby takes over at once
+
+    def _lead(self) -> None:
+        """One term as the leader: sessions until stopped or the leadership is lost."""
+        self.stats.leader = True
+        try:
+            self._run_sessions()
+        except LeadershipLost as exc:
+            self._drop_publisher(purge=True)  # late duplicates at most: see README
+            log.warning(
+                "lost the leadership: dropped what was in flight, now a standby",
+                extra={"fields": {"reason": str(exc)}},
+            )
+            self.start.forget()  # the next leader's record is the truth now
+            self.leadership.resign()
+        finally:
+            self._drop_publisher(purge=False)
+            self.stats.leader = False
+            self.stats.streaming = False
 
     def _check_database(self) -> None:
         """Before standing by: the database is usable and the state tables exist (so that a
         standby with a broken configuration fails now, not when it is needed)."""
         backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
-        url = self.settings.source_url()
         while not self.stopping:
             try:
-                conn = connect(url)
-                try:
-                    require(conn, self.settings)
-                    store = PostgresCheckpointStore(
-                        conn, self.settings.state_schema, self.settings.slot_name
-                    )
-                    store.ensure_table()
-                except BaseException:
-                    conn.close()
-                    raise
-                self._checked, self._checked_at = conn, time.monotonic()
+                self.start.check_database()
                 return
             except SourceUnavailable as exc:
                 delay = backoff.delay()
@@ -272,21 +285,6 @@ class Relay:
                 return
             self._stop.wait(min(1.0, deadline - now))
 
-    def _take_checked(self) -> Connection | None:
-        """The start-up check's connection while its checks are fresh, else None."""
-        conn, self._checked = self._checked, None
-        if conn is None or conn.closed:
-            return None
-        if time.monotonic() - self._checked_at > CHECKED_FRESH:
-            conn.close()  # stood by meanwhile: the session connects and checks again
-            return None
-        return conn
-
-    def _drop_checked(self) -> None:
-        conn = self._take_checked()
-        if conn is not None:
-            conn.close()
-
     def _await_leadership(self) -> bool:
         """Wait as a standby until leading (True) or stopped (False); alive all along."""
         leadership = self.leadership
@@ -298,8 +296,7 @@ class Relay:
             self.stats.last_loop = now
             if leadership.leading:
                 return True
-            if self._checked is not None and now - self._checked_at > CHECKED_FRESH:
-                self._drop_checked()  # a standby keeps no idle connection
+            self.start.drop_stale()
             squatter = leadership.foreign_holder
             if now >= next_log and squatter is not None:
                 next_log = now + STANDBY_LOG_INTERVAL
@@ -330,118 +327,75 @@ class Relay:
         return False
 
     def _run_sessions(self) -> None:
+        """Sessions one after another, with backoff, until stopped (LeadershipLost: no longer
+        the leader, handled by :meth:`_lead`)."""
         backoff = Backoff(0.5, self.settings.reconnect_max_backoff)
         first = True
-        try:
-            while not self.stopping:
-                published_before = self.stats.published
-                try:
-                    if not self.leadership.leading:
-                        # E.g. a PostgreSQL restart took the lock connection down while this
-                        # relay waited to retry: the standby may hold the lock by now.
-                        raise LeadershipLost("this relay no longer leads: no new session")
-                    self._session()
-                except LeadershipLost:
-                    self._drop_publisher(purge=True)  # late duplicates at most: see README
+        while not self.stopping:
+            published_before = self.stats.published
+            # E.g. a PostgreSQL restart took the lock connection down while this relay waited
+            # to retry: the standby may hold the lock by now.
+            require_lease(self.leadership.leading, "no new session")
+            try:
+                self._session()
+            except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
+                self.stats.streaming = False
+                self.stats.reconnects += 1
+                if self.stats.published != published_before:
+                    backoff.reset()  # the session did work: this is a new failure
+                if first and isinstance(exc, SlotInUse):
                     raise
-                except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
-                    self.stats.streaming = False
-                    self.stats.reconnects += 1
-                    if self.stats.published != published_before:
-                        backoff.reset()  # the session did work: this is a new failure
-                    if first and isinstance(exc, SlotInUse):
-                        raise
-                    if not self.leadership.leading:
-                        # E.g. a partition: the lease ran out while this session was stuck.
-                        self._drop_publisher(purge=True)
-                        raise LeadershipLost("this relay's leader lease ran out") from exc
-                    if isinstance(exc, SinkUnavailable):
-                        self._drop_publisher(purge=True)
-                    # Only transient failures get here; permanent ones (ConfigError, a
-                    # SourceSetupError such as failed authentication) end run() at once.
-                    delay = backoff.delay()
-                    log.warning(
-                        "session ended, retrying from the confirmed position",
-                        extra={
-                            "fields": {
-                                "transient": True,
-                                "reason": str(exc),
-                                "retry_in_s": round(delay, 2),
-                                "resume_lsn": format_lsn(self._confirmed or 0),
-                            }
-                        },
-                    )
-                    self._retry_after(delay)
-                first = False
-        finally:
-            self._drop_publisher(purge=False)
+                # E.g. a partition: the lease ran out while this session was stuck.
+                require_lease(self.leadership.leading, "no retry")
+                if isinstance(exc, SinkUnavailable):
+                    self._drop_publisher(purge=True)
+                # Only transient failures get here; permanent ones (ConfigError, a
+                # SourceSetupError such as failed authentication) end run() at once.
+                delay = backoff.delay()
+                log.warning(
+                    "session ended, retrying from the confirmed position",
+                    extra={
+                        "fields": {
+                            "transient": True,
+                            "reason": str(exc),
+                            "retry_in_s": round(delay, 2),
+                            "resume_lsn": format_lsn(self.start.resume_position),
+                        }
+                    },
+                )
+                self._retry_after(delay)
+            first = False
         if self._fatal is not None:
             raise self._fatal
 
     # -- one session -----------------------------------------------------------------------
 
     def _session(self) -> None:
-        settings = self.settings
-        url = settings.source_url()
-        checked = self._take_checked()
-        with checked or connect(url) as conn:
-            start = self._prepare(conn, checked=checked is not None)
-            store = self._store(conn)
-            offsets, noted = store.load_offsets()
-            stream = ReplicationStream(
-                url,
-                settings.slot_name,
-                start,
-                plugin_options_for(settings),
-                coalesce=settings.read_coalesce_ms / 1000,
-            )
-            stream.open()
-            try:
-                self._note_stream(conn, stream)
-                # The rest of the start-up overlaps the server's: while the walsender decodes the
-                # WAL up to ``start``, the read-back from Kafka runs on a thread of its own and
-                # this one loads the session's code and builds the producer. Nothing is
-                # published before both are done.
-                self._streaming(conn, store, stream, start=start, offsets=offsets, noted=noted)
-            finally:
-                stream.close()
+        """Start (:mod:`cdc_relay.start`), then stream until the session ends."""
+        with self.start.session() as started:
+            self._streaming(started)
 
-    def _note_stream(self, conn: Connection, stream: ReplicationStream) -> None:
-        """START_REPLICATION was sent and accepted: note where, and when (the first time)."""
-        self._timeline = stream.timeline
-        self.leadership.record_stream(conn, stream.backend_pid)
-        if self.stats.start_replication_monotonic is None:
-            instant = launch.now()
-            self.stats.start_replication_monotonic = instant.monotonic
-            self.stats.start_replication_after_launch_s = instant.since_launch
-
-    def _streaming(
-        self,
-        conn: Connection,
-        store: PostgresCheckpointStore,
-        stream: ReplicationStream,
-        *,
-        start: int,
-        offsets: Offsets | None,
-        noted: Offsets | None,
-    ) -> None:
-        """Relay from the opened ``stream`` until the session ends."""
+    def _streaming(self, started: Started) -> None:
+        """Relay from the opened stream until the session ends."""
         # Late: what only a streaming leader needs (the producer, the decoder, Kafka's client).
         from cdc_relay.publisher import Publisher  # noqa: PLC0415
         from cdc_relay.session import Session  # noqa: PLC0415
-        from cdc_relay.topics import TopicRules, in_background, wait_serving  # noqa: PLC0415
+        from cdc_relay.topics import TopicRules  # noqa: PLC0415
 
         settings = self.settings
-        reconciling = in_background(self._reconcile, start, offsets, noted, name="reconcile")
-        if self._publisher is None:
-            self._publisher = Publisher(settings.producer_config(), self.stats)
-        if self.topic_rules is None:
-            self.topic_rules = TopicRules(settings)
-        keepalive = _Keepalive(stream, start)
-        reconciliation = wait_serving(reconciling, keepalive)
-        if reconciliation is not None and noted and reconciliation.renoted:
-            noted = {**noted, **reconciliation.renoted}
-            store.note_written_from(noted)
+
+        def build_publishing() -> None:
+            if self._publisher is None:
+                self._publisher = Publisher(settings.producer_config(), self.stats)
+            if self.topic_rules is None:
+                self.topic_rules = TopicRules(settings)
+
+        # The rest of the start-up overlaps the server's: while the walsender decodes the WAL up
+        # to the start, the read-back from Kafka runs on a thread of its own and this one loads
+        # the session's code and builds the producer. Nothing is published before both are done.
+        reconciliation, noted = self.start.read_back(started, meanwhile=build_publishing)
+        assert self._publisher is not None
+        assert self.topic_rules is not None
         self.stats.sessions += 1
         self.stats.streaming = True
         log.info(
@@ -449,26 +403,27 @@ class Relay:
             extra={
                 "fields": {
                     "slot": settings.slot_name,
-                    "start_lsn": format_lsn(start),
+                    "start_lsn": format_lsn(started.start),
                     "start_replication_after_launch_s": _rounded(
                         self.stats.start_replication_after_launch_s
                     ),
                 }
             },
         )
+        database = started.database
         session = Session(
             self,
             settings,
             self.stats,
             self.tracing,
             self.topic_rules,
-            source=stream,
+            source=started.stream,
             sink=self._publisher,
-            store=store,
-            start=start,
-            heartbeat=Heartbeats(conn),
-            retained_wal=lambda: retained_wal(conn, settings.slot_name),
-            offsets=offsets,
+            store=started.store,
+            start=started.start,
+            heartbeat=database.heartbeat,
+            retained_wal=database.retained_wal,
+            offsets=started.offsets,
             reconciliation=reconciliation,
             noted=noted,
         )
@@ -481,227 +436,13 @@ class Relay:
             session.drain()
             raise
         finally:
-            self._confirmed = session.confirmer.acknowledged()
-            self._offsets = dict(session.watermark.offsets)
+            self.start.carry(session.confirmer.acknowledged(), dict(session.watermark.offsets))
             self.stats.streaming = False
-
-    def _reconcile(
-        self, start: int, offsets: Offsets | None, noted: Offsets | None
-    ) -> Reconciliation | None:
-        """What an earlier incarnation already delivered after ``start`` (None: not asked to)."""
-        if not self.settings.reconcile:
-            return None
-        from cdc_relay.publisher import admin_config  # noqa: PLC0415
-        from cdc_relay.reconcile import reconcile_with_kafka  # noqa: PLC0415
-
-        # The previous incarnation is gone (killed, or this process's purged producer): what it
-        # delivered after ``start`` is all in Kafka now.
-        return reconcile_with_kafka(
-            admin_config(self.settings.producer_config()),
-            self.settings.slot_name,
-            start,
-            offsets=offsets,
-            noted=noted,
-            timeout=self.settings.reconcile_timeout,
-            stopping=lambda: self.stopping,  # a stop does not wait for the read
-        )
-
-    def _prepare(self, conn: Connection, *, checked: bool = False) -> int:
-        """Check the database, create what is missing, and decide where to start.
-
-        ``checked``: ``conn`` is the one the start-up check has just run on (require() and the
-        state tables): not done twice.
-        """
-        settings = self.settings
-        source = SourceDatabase(
-            conn,
-            settings.tables(),
-            settings.publication_name,
-            settings.slot_name,
-            settings.plugin.value,
-        )
-        if not checked:
-            require(conn, settings)
-        failover = wants_failover(conn, settings)  # exit 3 for "true" on PostgreSQL < 17
-        if source.ensure_publication():
-            log.info(
-                "created publication", extra={"fields": {"publication": settings.publication_name}}
-            )
-        changed = source.ensure_row_filters()  # exit 3 naming the fix when it may not
-        store = self._store(conn)
-        if not checked:
-            store.ensure_table()
-        if changed is not None:
-            log.warning(
-                "set the publication's row filters as configured; rows committed before are "
-                "not swept",
-                extra={"fields": {"publication": settings.publication_name,
-                                  "was": changed.describe()}},
-            )  # fmt: skip
-            store.restart_sweep_boundary()
-        record = store.load_record()
-        recorded, reset = self._trusted_position(conn, record)
-        carried = self._carried_position()
-        if carried is not None and (recorded is None or carried > recorded):
-            # What the previous session had acknowledged but not yet recorded.
-            # The offsets belong to the acknowledged position: not to one capped below it.
-            store.save(carried, self._offsets if carried == self._confirmed else None)
-            recorded = carried
-        slot = source.slot()
-        if slot is None:
-            warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
-            slot = source.create_slot(failover)
-            log.info(
-                "created replication slot",
-                extra={"fields": {"slot": slot.name, "failover": failover}},
-            )
-            start = slot.confirmed_flush or 0
-            store.save(start, new_slot=True)
-            recorded = start
-            reset = False
-        else:
-            slot = self._await_free_slot(conn, slot)
-            require_usable_slot(conn, settings, slot)
-            ensure_failover(conn, settings, slot)
-            start, warning = resolve_start(
-                settings.slot_name,
-                slot.confirmed_flush or 0,
-                recorded,
-                settings.allow_slot_reset,
-                promotion_note(conn, settings, slot, recorded),
-            )
-        if warning:
-            log.warning(warning)
-        if recorded != start or reset:
-            store.save(start, new_slot=reset)  # a refused record's boundary and offsets go too
-        filters = recorded_form(settings.tables())
-        refiltered = (
-            record.row_filters is not None
-            and differences(record.row_filters, settings.tables()) != []
-        )
-        if refiltered:
-            log.warning(
-                "the row filters differ from those the relay last relayed with; rows committed "
-                "before are not swept",
-                extra={"fields": {"was": orjson.dumps(record.row_filters).decode()[:4096]}},
-            )
-        store.record_row_filters(filters, refiltered)
-        self.stats.confirmed_lsn = start
-        return start
-
-    def _trusted_position(self, conn: Connection, record: Record) -> tuple[int | None, bool]:
-        """The recorded position, refused (PositionMismatch, exit 4, before anything streams or
-        the slot is touched) when the server cannot have it (:mod:`cdc_relay.record_origin`);
-        with CDC_RELAY_ALLOW_SLOT_RESET, dropped instead: (None, True), to be recorded afresh
-        (a new sweep boundary, no offsets)."""
-        settings = self.settings
-        if record.stamp is None:
-            return None, False
-        url = settings.source_url()
-        reason = problem(
-            record.stamp, record.server, lambda tli: history_switches(timeline_history(url, tli))
-        )
-        if reason is None:
-            return record.stamp.position, False
-        slot = slot_state(conn, settings.slot_name)
-        message = refusal(
-            reason,
-            settings.state_schema,
-            settings.slot_name,
-            slot.confirmed_flush if slot is not None else None,
-        )
-        if not settings.allow_slot_reset:
-            raise PositionMismatch(message)
-        log.warning(f"{message}; starting anyway because slot reset is allowed")
-        return None, True
-
-    def _store(self, conn: Connection) -> PostgresCheckpointStore:
-        """The position record, written only while this process holds the leader lease."""
-        settings = self.settings
-        return PostgresCheckpointStore(
-            conn, settings.state_schema, settings.slot_name, holder=self.leadership.holder
-        )
-
-    def _await_free_slot(self, conn: Connection, slot: SlotState) -> SlotState:
-        """The slot as it is once its previous leader's walsender has let go of it.
-
-        The predecessor's walsender (its pid is in the lease) is ended; another holder gets up
-        to the lease timeout to let go (a relay that lost its lock stops within a renewal), and
-        is then reported by require_usable_slot (SlotInUse).
-        """
-        deadline = time.monotonic() + self.settings.leader_lease_timeout
-        current: SlotState | None = slot
-        while current is not None and current.active_pid is not None:
-            if current.active_pid == self.leadership.predecessor_stream_pid:
-                log.warning(
-                    "ending the previous leader's walsender",
-                    extra={"fields": {"pid": current.active_pid}},
-                )
-                terminate_backend(conn, current.active_pid)
-            if time.monotonic() >= deadline or self.stopping:
-                break
-            self._stop.wait(SLOT_RELEASE_POLL)
-            current = slot_state(conn, self.settings.slot_name)
-        if current is None:
-            raise SourceUnavailable("the replication slot disappeared while waiting for it")
-        return current
-
-    def _carried_position(self) -> int | None:
-        """The previous session's acknowledged position, as far as it holds on this server.
-
-        A multi-host URL may have brought the relay to a promoted standby since. Its history is
-        the old primary's only up to the point where its timeline began: a position beyond that
-        was read from WAL this server never had, and its own transactions there must be streamed.
-        """
-        position, previous = self._confirmed, self._timeline
-        if position is None or previous is None:
-            return position  # nothing to carry, or not known where it was read: nothing to ask
-        url = self.settings.source_url()
-        current = timeline(url)
-        if previous == current:
-            return position
-        if previous[0] != current[0]:
-            log.warning("the database URL now leads to another cluster: not carrying the position")
-            return None
-        switch = timeline_start(url, current[1], since=previous[1])
-        if switch is not None and position > switch:
-            log.warning(
-                "the server was promoted before the relay's last position: resuming from the "
-                "promotion point",
-                extra={
-                    "fields": {
-                        "acknowledged": format_lsn(position),
-                        "promoted_at": format_lsn(switch),
-                    }
-                },
-            )
-            return switch
-        return position
 
     def _drop_publisher(self, purge: bool) -> None:
         if self._publisher is not None:
             self._publisher.close(purge=purge)
             self._publisher = None
-
-
-KEEPALIVE_INTERVAL = 1.0  # seconds between standby status updates while the session prepares
-
-
-class _Keepalive:
-    """While the session waits for the read-back, the walsender still hears from the relay: a
-    status update at the start position (recorded already) every second, so that a slow
-    read-back (up to CDC_RELAY_RECONCILE_TIMEOUT) never trips wal_sender_timeout."""
-
-    def __init__(self, stream: ReplicationStream, start: int) -> None:
-        self._stream = stream
-        self._start = start
-        self._next = time.monotonic() + KEEPALIVE_INTERVAL
-
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + KEEPALIVE_INTERVAL
-            self._stream.send_status(self._start, self._start)
 
 
 class _Metrics:

@@ -42,7 +42,6 @@ from cdc_relay.decode.messages import (
     TupleData,
 )
 from cdc_relay.errors import (
-    LeadershipLost,
     ProtocolError,
     RelayError,
     SinkUnavailable,
@@ -119,9 +118,8 @@ class SessionOwner(Protocol):
     @property
     def failed(self) -> bool: ...
 
-    @property
-    def leading(self) -> bool:
-        """Still the leader (read at housekeeping, never per message)."""
+    def require_leading(self) -> None:
+        """LeadershipLost unless still the leader (asked at housekeeping, never per message)."""
 
     def fail(self, error: RelayError) -> None: ...
 
@@ -587,8 +585,7 @@ class Session:
 
     def housekeeping(self, reply: bool = False) -> None:
         """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
-        if not self.owner.leading:  # first: a leader that lost its lease confirms nothing
-            raise LeadershipLost("this relay's leader lease ran out")
+        self.owner.require_leading()  # first: a leader that lost its lease confirms nothing
         sink = self.sink
         sink.poll(0)
         if self.tracker.failures:

@@ -1,26 +1,42 @@
-"""Stand-ins for the session's collaborators, so unit tests can drive the real loop.
+"""Stand-ins for the collaborators of the session, the start and the relay, so unit tests can
+drive the real code.
 
 :class:`~cdc_relay.session.Session` talks to a replication source, a Kafka sink and a position
 store through small Protocols. These fakes implement them in memory: captured pgoutput messages
 become the source's frames, the sink acknowledges (or refuses) on ``poll`` the way librdkafka's
 delivery reports do, and every write to the store and every status update to the slot lands in
 one shared ``journal``, so a test can assert the order of the two.
+
+:class:`~cdc_relay.start.StartSequence` asks PostgreSQL through :class:`FakeStartDatabase` (a
+server, its slot and the position record in memory, every step in its ``journal``), and
+:class:`~cdc_relay.relay.Relay` leads through :class:`FakeLeadership` and starts sessions through
+:class:`FakeStart`.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc_relay.checkpoint import Record as PositionRecord
+from cdc_relay.checkpoint import fenced
 from cdc_relay.errors import RelayError
+from cdc_relay.leadership import ForeignHolder, require_lease
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
+from cdc_relay.reconcile import Offsets, Reconciliation
+from cdc_relay.record_origin import Server, Stamp
+from cdc_relay.replication.source import SlotState
+from cdc_relay.start import Started
 
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pgoutput"
 _XLOG_HEADER = struct.Struct(">cQQQ")
@@ -57,6 +73,9 @@ class FakeOwner:
     @property
     def failed(self) -> bool:
         return self.failure is not None
+
+    def require_leading(self) -> None:
+        require_lease(self.leading, "nothing more confirmed")
 
     def fail(self, error: RelayError) -> None:
         self.failure = error
@@ -250,3 +269,274 @@ class FakeSink:
 
     def on_topic(self, topic: str) -> list[Record]:
         return [r for r in self.delivered if r.topic == topic]
+
+
+# -- the start and the relay's lifecycle ---------------------------------------------------------
+
+SYSTEM = "7300000000000000001"
+
+
+def slot_at(confirmed: int, active_pid: int | None = None, name: str = "cdc_relay") -> SlotState:
+    return SlotState(name, "logical", "pgoutput", "app", active_pid, confirmed, "reserved", 0)
+
+
+class FakeLeadership:
+    """The leadership: ``leading`` as the test sets it, or lost after ``looks_left`` more looks
+    (the lease running out while the relay does something else)."""
+
+    def __init__(self, leading: bool = True) -> None:
+        self._leading = leading
+        self.looks_left: int | None = None
+        self.became_leader = threading.Event()
+        if leading:
+            self.became_leader.set()
+        self.leader_seen: str | None = None
+        self.foreign_holder: ForeignHolder | None = None
+        self.predecessor_stream_pid: int | None = None
+        self.resigned = 0
+        self.released = 0
+        self.on_resign: Callable[[], None] | None = None  # e.g. the test stops the relay
+
+    @property
+    def leading(self) -> bool:
+        if self.looks_left is not None:
+            if self.looks_left == 0:
+                self.lose()
+            else:
+                self.looks_left -= 1
+        return self._leading
+
+    def lose(self) -> None:
+        self._leading = False
+        self.looks_left = None
+        self.became_leader.clear()
+
+    def start(self) -> None:
+        return None
+
+    def lose_after(self, looks: int) -> None:
+        """Still leading for ``looks`` more looks, then the lease has run out."""
+        self.looks_left = looks
+
+    def resign(self) -> None:
+        self.resigned += 1
+        self.lose()
+        if self.on_resign is not None:
+            self.on_resign()
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class FakeStream:
+    """A replication stream that START_REPLICATION opened at ``start``."""
+
+    def __init__(self, start: int, timeline: tuple[str, int], pid: int = 4242) -> None:
+        self.start = start
+        self.timeline: tuple[str, int] | None = timeline
+        self.statuses: list[tuple[int, int]] = []
+        self.closed = False
+        self._pid = pid
+
+    @property
+    def backend_pid(self) -> int:
+        return self._pid
+
+    def read(self) -> memoryview | None:
+        return None
+
+    def wait(self, timeout: float) -> bool:
+        return False
+
+    def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
+        self.statuses.append((written, flushed))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeStartStore:
+    """The position record, fenced by the lease like the real one."""
+
+    def __init__(self, database: FakeStartDatabase) -> None:
+        self._db = database
+
+    def ensure_table(self) -> bool:
+        self._db.journal.append("ensure_table")
+        return False
+
+    def restart_sweep_boundary(self) -> None:
+        self._db.journal.append("restart_sweep_boundary")
+
+    def load_record(self) -> PositionRecord:
+        db = self._db
+        stamp = None if db.recorded is None else Stamp(db.recorded, SYSTEM, db.recorded_timeline)
+        return PositionRecord(
+            stamp, None, db.row_filters, Server(SYSTEM, db.timeline_id, db.wal_end)
+        )
+
+    def save(
+        self,
+        lsn: int,
+        offsets: Mapping[tuple[str, int], int] | None = None,
+        new_slot: bool = False,
+    ) -> None:
+        db = self._db
+        fenced(1 if db.lease_ours else 0, "the position was not recorded")
+        db.recorded = lsn
+        db.recorded_timeline = db.timeline_id
+        if offsets is not None or new_slot:
+            db.offsets = dict(offsets) if offsets is not None else None
+        db.journal.append(("save", lsn, None if offsets is None else dict(offsets), new_slot))
+
+    def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
+        fenced(1 if self._db.lease_ours else 0, "nothing was recorded")
+        self._db.row_filters = dict(filters)
+        self._db.journal.append(("row_filters", changed))
+
+    def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
+        return self._db.offsets, self._db.noted
+
+    def note_written_from(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        fenced(1 if self._db.lease_ours else 0, "nothing was noted")
+        self._db.noted = dict(offsets)
+        self._db.journal.append(("noted", dict(offsets)))
+
+
+class FakeStartDatabase:
+    """A server as a start sees it, in memory: its timeline, the slot, the position record.
+
+    ``holders``: the slot's ``active_pid`` at each look while the start waits for the slot (the
+    last one stays); ``leadership``: the lease, for the walsender's note.
+    """
+
+    def __init__(self, leadership: FakeLeadership, *, slot: SlotState | None = None) -> None:
+        self.leadership = leadership
+        self.journal: list[Any] = []
+        self.slot_state = slot
+        self.holders: list[int | None] = []
+        self.recorded: int | None = None
+        self.recorded_timeline: int | None = 1
+        self.offsets: Offsets | None = None
+        self.noted: Offsets | None = None
+        self.row_filters: object = None
+        self.system = SYSTEM
+        self.timeline_id = 1
+        self.wal_end: int | None = 0x10_000_000
+        self.promoted_at: int | None = None  # where timeline_id began (a promotion)
+        self.lease_ours = True
+        self.streams: list[FakeStream] = []
+        self.closed = False
+
+    def require(self) -> None:
+        self.journal.append("require")
+
+    def wants_failover(self) -> bool:
+        return False
+
+    def ensure_publication(self) -> bool:
+        self.journal.append("ensure_publication")
+        return False
+
+    def ensure_row_filters(self) -> FilterMismatch | None:
+        return None
+
+    def store(self) -> FakeStartStore:
+        return FakeStartStore(self)
+
+    def slot(self) -> SlotState | None:
+        if self.slot_state is not None and self.holders:
+            pid = self.holders.pop(0) if len(self.holders) > 1 else self.holders[0]
+            self.slot_state = replace(self.slot_state, active_pid=pid)
+        return self.slot_state
+
+    def create_slot(self, failover: bool) -> SlotState:
+        self.slot_state = slot_at(self.wal_end or 0)
+        self.journal.append("create_slot")
+        return self.slot_state
+
+    def end_backend(self, pid: int) -> None:
+        self.journal.append(("end_backend", pid))
+        self.holders = [None]
+
+    def require_usable_slot(self, slot: SlotState) -> None:
+        if slot.active_pid is not None:
+            from cdc_relay.errors import SlotInUse  # noqa: PLC0415
+
+            raise SlotInUse(f"replication slot is in use by pid {slot.active_pid}")
+
+    def ensure_failover(self, slot: SlotState) -> None:
+        return None
+
+    def promotion_note(self, slot: SlotState, recorded: int | None) -> str | None:
+        return None
+
+    def timeline(self) -> tuple[str, int]:
+        return self.system, self.timeline_id
+
+    def timeline_start(self, timeline_id: int, since: int) -> int | None:
+        return self.promoted_at
+
+    def history_switches(self, timeline_id: int) -> list[tuple[int, int]]:
+        return [] if self.promoted_at is None else [(timeline_id - 1, self.promoted_at)]
+
+    def open_stream(self, start: int) -> FakeStream:
+        stream = FakeStream(start, (self.system, self.timeline_id))
+        self.streams.append(stream)
+        self.journal.append(("START_REPLICATION", start))
+        return stream
+
+    def note_stream(self, pid: int) -> None:
+        require_lease(self.leadership.leading, "streaming not begun")
+        fenced(1 if self.lease_ours else 0, "streaming not begun")
+        self.journal.append(("note_stream", pid))
+
+    def heartbeat(self) -> None:
+        return None
+
+    def retained_wal(self) -> int | None:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeStart:
+    """The start of sessions as the relay sees it: each session's start raises the next of
+    ``failures`` (a callable makes it, e.g. after asking the relay to stop); one more start than
+    the test expects fails it with IndexError."""
+
+    def __init__(self, failures: list[BaseException | Callable[[], BaseException]]) -> None:
+        self.failures = list(failures)
+        self.sessions = 0
+        self.checked = 0
+        self.forgotten = 0
+        self.closed = False
+        self.resume_position = 0
+
+    def check_database(self) -> None:
+        self.checked += 1
+
+    def drop_stale(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+    @contextmanager
+    def session(self) -> Iterator[Started]:
+        self.sessions += 1
+        failure = self.failures.pop(0)
+        raise failure if isinstance(failure, BaseException) else failure()
+        yield  # never: every fake start fails
+
+    def read_back(
+        self, started: Started, meanwhile: Callable[[], None]
+    ) -> tuple[Reconciliation | None, Offsets | None]:
+        raise AssertionError("a fake start never streams")
+
+    def carry(self, position: int, offsets: Offsets) -> None:
+        self.resume_position = position
+
+    def forget(self) -> None:
+        self.forgotten += 1

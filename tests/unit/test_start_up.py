@@ -1,4 +1,4 @@
-"""Start-up (issue 17): what the start path imports, and the launch figure the relay reports.
+"""Start-up time: what the start path imports, and the launch figure the relay reports.
 
 The relay sends START_REPLICATION before it loads what only streaming needs, and never loads what
 its configuration does not use (the other plugin's decoder, the OpenTelemetry SDK and exporters,
@@ -21,10 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from cdc_relay import relay as relay_module
 from cdc_relay.observability import launch
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.relay import _Metrics
+from cdc_relay.start import Keepalive
 
 # Loaded by nothing a pgoutput relay does before START_REPLICATION (without OTEL_* variables).
 NOT_BEFORE_START_REPLICATION = (
@@ -219,7 +219,7 @@ def test_while_the_read_back_runs_the_walsender_hears_the_start_position_every_s
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     stream = _Stream()
-    keepalive = relay_module._Keepalive(stream, 0x1234)  # type: ignore[arg-type]
+    keepalive = Keepalive(stream, 0x1234)  # type: ignore[arg-type]
     for _ in range(10):  # served every 50 ms for half a second: nothing yet
         clock[0] += 0.05
         keepalive()
