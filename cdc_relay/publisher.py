@@ -1,7 +1,7 @@
 """The Kafka side: an idempotent confluent-kafka producer and the accounting of its deliveries.
 
 confluent-kafka reports each record's fate in a delivery callback served by ``poll()``. Successes
-decrement their transaction's pending count (see :mod:`cdc_relay.watermark`); failures are queued
+are acknowledged to their transaction (see :mod:`cdc_relay.watermark`); failures are queued
 and classified here as *permanent* for that record (dead-letter or stop) or *transient* (rebuild and
 resume). librdkafka's exceptions are mapped here, in :func:`refusal`, to the project's own errors;
 the one place they surface unmapped is the hot path's bound ``produce_raw``, whose caller hands
@@ -191,8 +191,7 @@ class DeliveryTracker:
             offsets[topic, msg.partition()] = msg.offset()
             by_topic[topic] += 1
             tracker.acked += 1
-            txn.pending -= 1
-            if txn.pending:
+            if txn.acknowledged():
                 txn.unobserved += 1
             else:
                 observe(now() - commit_time, txn.unobserved + 1)
@@ -207,8 +206,7 @@ class DeliveryTracker:
             offsets[topic, msg.partition()] = msg.offset()
             stats.dead_lettered += 1
             tracker.acked += 1
-            txn.pending -= 1
-            if not txn.pending and txn.unobserved:  # the events acknowledged before it
+            if not txn.acknowledged() and txn.unobserved:  # the events acknowledged before it
                 observe(now() - commit_time, txn.unobserved)
                 txn.unobserved = 0
 
