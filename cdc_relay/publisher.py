@@ -23,17 +23,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     OffsetSpec,
 )
 
-from cdc_relay.config import env_name, is_secret_property, legal_topic
-from cdc_relay.errors import ConfigError, SinkUnavailable
+from cdc_relay.config import legal_topic
+from cdc_relay.errors import SinkUnavailable
 from cdc_relay.logs import cut
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
-# Where the throwaway producer of check_producer_config logs (about having no brokers): nowhere.
-_SILENT_LOGGER = logging.getLogger("cdc_relay.publisher.config_check")
-_SILENT_LOGGER.addHandler(logging.NullHandler())
-_SILENT_LOGGER.propagate = False
 
 DeliveryCallback = Callable[[Any, Any], None]
 # Delivery reports do not carry headers, so each record's topic and headers are bound first (the
@@ -83,27 +79,6 @@ _CLIENT_PROPERTY_PREFIXES = (
     "retry.backoff",
     "connections.max.idle.ms",
 )
-
-
-def check_producer_config(config: dict[str, str]) -> None:
-    """librdkafka's own verdict on the producer properties: ConfigError naming the setting.
-
-    A Producer built and dropped at once is the only complete check: librdkafka knows hundreds
-    of properties, their types and their ranges. Built without bootstrap servers, it connects
-    nowhere; its log lines (about that) go nowhere.
-    """
-    probe: dict[str, Any] = {k: v for k, v in config.items() if k != "bootstrap.servers"}
-    probe["logger"] = _SILENT_LOGGER
-    try:
-        Producer(probe)
-    except (KafkaException, ValueError, TypeError) as exc:
-        message = str(exc.args[0].str() if isinstance(exc, KafkaException) else exc)
-        for key, value in config.items():
-            if is_secret_property(key) and value:
-                message = message.replace(value, "***")
-        raise ConfigError(
-            f"invalid configuration: {env_name('kafka_producer_config')}: {message}"
-        ) from None
 
 
 def admin_config(producer_config: dict[str, str]) -> dict[str, str | int | float | bool]:

@@ -67,7 +67,7 @@ from psycopg import sql
 from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore, Record
 from cdc_relay.config import OutboxTable, Settings, env_name
-from cdc_relay.errors import ConfigError, PositionMismatch, SourceSetupError, SourceUnavailable
+from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publication_filter import find_mismatch
@@ -227,16 +227,7 @@ class Sweeper:
         self.stats = stats  # the relay's; this sweeper's own counters are the attributes below
         self.batch_size = settings.sweep_batch_size
         self.retention = settings.sweep_retention_seconds
-        tables = settings.tables()
-        if self.retention > 0:
-            lacking = [t.table for t in tables if t.columns.created_at is None]
-            if lacking:
-                raise ConfigError(
-                    f"invalid configuration: {env_name('sweep_retention_seconds')}: retention "
-                    f"needs a creation-time column, and {', '.join(lacking)} has none (set "
-                    f'"created_at" in {env_name("outbox_columns")} / '
-                    f"{env_name('outbox_tables')}, or set the retention to 0)"
-                )
+        tables = settings.tables()  # a retention has its column: config.py
         self._tables = [_TableState(t) for t in tables]
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one pass at a time (relay thread vs. a CLI caller)
