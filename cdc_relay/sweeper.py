@@ -70,6 +70,7 @@ from cdc_relay.config import OutboxTable, Settings, env_name
 from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
@@ -292,7 +293,7 @@ class Sweeper:
                         "not sweeping: the position record cannot be this server's",
                         extra={"fields": {"error": str(exc), "retry_in_s": delay}},
                     )
-                except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
+                except (SourceUnavailable, SourceSetupError) as exc:
                     self.close()
                     delay = backoff.delay()
                     log.warning(
@@ -621,9 +622,11 @@ class Sweeper:
                 conn.execute(
                     sql.SQL("SET statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT))
                 )
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 conn.close()
-                raise SourceUnavailable(f"sweeper cannot use its connection: {exc}") from None
+                raise error_for(
+                    exc, During.STATEMENT, "sweeper cannot use its connection"
+                ) from None
             self._conn = conn
         return self._conn
 
