@@ -25,9 +25,9 @@ from cdc_relay.errors import (
     LeadershipLost,
     PositionMismatch,
     SourceSetupError,
-    SourceUnavailable,
 )
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
 
@@ -296,13 +296,13 @@ class PostgresCheckpointStore:
             query = sql.SQL(f"INSERT INTO {{}} AS p {columns} VALUES ({values}) {upsert}").format(
                 self._table
             )
-            self._run(query, row)
+            self._write(query, row)
             return
         query = sql.SQL(
             "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
             f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
         ).format(self._lease, self._table)
-        cursor = self._run(query, (self._slot, self._holder, *row))
+        cursor = self._write(query, (self._slot, self._holder, *row))
         fenced(cursor.rowcount, "the position was not recorded")
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
@@ -384,10 +384,22 @@ class PostgresCheckpointStore:
     def _run(
         self, query: sql.Composed, params: tuple[object, ...]
     ) -> psycopg.Cursor[tuple[object, ...]]:
+        """A statement whose lost connection or timeout is SourceUnavailable; what the server
+        refuses (a missing table, a privilege) stays psycopg's, for the caller that answers it."""
         try:
             return self._conn.execute(query, params)
         except psycopg.OperationalError as exc:
-            raise SourceUnavailable(f"cannot record the position: {exc}") from None
+            raise error_for(exc, During.STATEMENT, "cannot record the position") from None
+
+    def _write(
+        self, query: sql.Composed, params: tuple[object, ...]
+    ) -> psycopg.Cursor[tuple[object, ...]]:
+        """A write of the position: every failure becomes the project's error, by
+        :mod:`cdc_relay.postgres_errors`' table (the confirmation path catches no psycopg error)."""
+        try:
+            return self._conn.execute(query, params)
+        except psycopg.Error as exc:
+            raise error_for(exc, During.STATEMENT, "cannot record the position") from None
 
 
 def check_missing_slot(slot_name: str, recorded: int | None, allow_reset: bool) -> str | None:

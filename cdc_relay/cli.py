@@ -29,10 +29,11 @@ from cdc_relay import __version__
 from cdc_relay.config import (
     SWEEP_WAIT_BOUNDS,
     Settings,
+    check_producer_config,
     env_name,
     is_secret_property,
     load_settings,
-    split_property,
+    property_flags,
 )
 from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
@@ -163,13 +164,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     dests = dict.fromkeys((_property_dest(None), _property_dest(args.command)))  # later win
     properties = [item for dest in dests for item in getattr(args, dest, [])]
     if properties:
-        props = {}
-        for item in properties:
-            pair = split_property(item)
-            if pair is None:
-                # Not echoed: the argument may well be a credential with a typo.
-                raise ConfigError("--kafka-property expects KEY=VALUE (an argument lacks '=')")
-            props[pair[0]] = pair[1]
+        props = property_flags(properties)
         secrets = sorted(key for key in props if is_secret_property(key))
         if secrets:
             _warn_secret_on_command_line(
@@ -243,7 +238,6 @@ def maintenance(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run(settings: Settings) -> int:
-    from cdc_relay.publisher import check_producer_config  # noqa: PLC0415 - late, as Relay
     from cdc_relay.relay import Relay  # noqa: PLC0415 - late: --help and --version stay fast
 
     try:

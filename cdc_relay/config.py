@@ -7,6 +7,7 @@ environment variable and never echoes the offending value (it may be a secret).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -38,6 +39,11 @@ from cdc_relay.patterns import compile_pattern
 from cdc_relay.reserved_headers import reserved as reserved_header
 from cdc_relay.row_filter import Condition, ConditionError
 from cdc_relay.row_filter import parse as parse_condition
+
+# Where the throwaway producer of check_producer_config logs (about having no brokers): nowhere.
+_SILENT_LOGGER = logging.getLogger("cdc_relay.config.producer_check")
+_SILENT_LOGGER.addHandler(logging.NullHandler())
+_SILENT_LOGGER.propagate = False
 
 ENV_PREFIX = "CDC_RELAY_"
 
@@ -704,6 +710,19 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _retention_needs_created_at(self) -> Settings:
+        if self.sweep_retention_seconds > 0:
+            lacking = [t.table for t in self.tables() if t.columns.created_at is None]
+            if lacking:
+                raise ValueError(
+                    f"{env_name('sweep_retention_seconds')}: retention needs a creation-time "
+                    f"column, and {', '.join(lacking)} has none (set "
+                    f'"created_at" in {env_name("outbox_columns")} / '
+                    f"{env_name('outbox_tables')}, or set the retention to 0)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _conditions_per_table(self) -> Settings:
         if self.outbox_tables and (self.outbox_row_filter or self.sweep_condition):
             raise ValueError(
@@ -993,6 +1012,42 @@ def parse_properties(text: str) -> dict[str, str]:
             )
         props[pair[0]] = pair[1].strip()
     return props
+
+
+def property_flags(items: list[str]) -> dict[str, str]:
+    """``--kafka-property KEY=VALUE`` flags as properties; ConfigError for one without ``=``."""
+    props = {}
+    for item in items:
+        pair = split_property(item)
+        if pair is None:
+            # Not echoed: the argument may well be a credential with a typo.
+            raise ConfigError("--kafka-property expects KEY=VALUE (an argument lacks '=')")
+        props[pair[0]] = pair[1]
+    return props
+
+
+def check_producer_config(config: dict[str, str]) -> None:
+    """librdkafka's own verdict on the producer properties: ConfigError naming the setting.
+
+    A Producer built and dropped at once is the only complete check: librdkafka knows hundreds
+    of properties, their types and their ranges. Built without bootstrap servers, it connects
+    nowhere; its log lines (about that) go nowhere. Only the commands that produce call it (it
+    loads confluent-kafka).
+    """
+    from confluent_kafka import KafkaException, Producer  # noqa: PLC0415 - only when producing
+
+    probe: dict[str, Any] = {k: v for k, v in config.items() if k != "bootstrap.servers"}
+    probe["logger"] = _SILENT_LOGGER
+    try:
+        Producer(probe)
+    except (KafkaException, ValueError, TypeError) as exc:
+        message = str(exc.args[0].str() if isinstance(exc, KafkaException) else exc)
+        for key, value in config.items():
+            if is_secret_property(key) and value:
+                message = message.replace(value, "***")
+        raise ConfigError(
+            f"invalid configuration: {env_name('kafka_producer_config')}: {message}"
+        ) from None
 
 
 def split_property(text: str) -> tuple[str, str] | None:

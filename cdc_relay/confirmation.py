@@ -26,9 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-import psycopg
-
-from cdc_relay.errors import LeadershipLost, SourceUnavailable
+from cdc_relay.errors import LeadershipLost, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import Watermark
@@ -126,7 +124,7 @@ class Confirmer:
         if position > self.confirmed:
             try:
                 self.confirm(position)
-            except (SourceUnavailable, LeadershipLost, psycopg.Error) as exc:
+            except (SourceUnavailable, SourceSetupError, LeadershipLost) as exc:
                 log.warning("could not confirm on shutdown", extra={"fields": {"error": str(exc)}})
 
     def acknowledged(self) -> int:

@@ -1,4 +1,4 @@
-"""The database URL, read by libpq's own rules: validated, shown without secrets, failures sorted.
+"""The database URL, read by libpq's own rules: validated, shown without secrets.
 
 The URL is a credential. Anything that prints it goes through :func:`redact_url`, which parses it
 with libpq (``psycopg.conninfo``) and rebuilds a ``key=value`` string with the passwords masked —
@@ -14,10 +14,7 @@ import re
 from collections.abc import Mapping
 
 import psycopg
-from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-from cdc_relay.errors import ConfigError, RelayError, SourceSetupError, SourceUnavailable
 
 MASK = "***"
 UNPARSEABLE = "<not a valid connection string>"
@@ -131,73 +128,6 @@ def _reason(message: str) -> str:
     return f"{reason} (value not shown); {_PERCENT_HINT}"
 
 
-# -- connection failures --------------------------------------------------------------------------
-
-# What a server answers a connection attempt with that retrying will not fix.
-PERMANENT_CONNECT_ERRORS: tuple[type[psycopg.Error], ...] = (
-    errors.InvalidAuthorizationSpecification,  # pg_hba, role missing: not authorised
-    errors.InvalidPassword,  # authentication failed
-    errors.InvalidCatalogName,  # the database does not exist
-    errors.InsufficientPrivilege,
-)
-# libpq's own client-side refusals: the connection string asks for something impossible.
-_CONFIG_MESSAGES = (
-    "invalid sslmode",
-    "invalid gssencmode",
-    "invalid channel_binding",
-    "invalid target_session_attrs",
-    "invalid port number",
-    "invalid integer value",
-    "invalid connection option",
-    "invalid percent-encoded",
-    "could not read root certificate",
-    "root certificate file",
-    "certificate present, but not private key",
-    "could not open certificate file",
-    "could not load private key",
-    "sslmode value",
-)
-_PERMANENT_MESSAGES = (
-    "password authentication failed",
-    "no pg_hba.conf entry",
-    "does not exist",
-    "server does not support ssl, but ssl was required",
-    "no password supplied",
-    "pg_hba.conf rejects",
-)
-
-
-def connect_failure_kind(message: str, sqlstate: str | None) -> str:
-    """``"config"``, ``"permanent"`` or ``"transient"`` for a failed connection attempt.
-
-    Permanent failures (authentication, a missing database or role, an impossible option) are
-    for an operator to fix; transient ones (DNS, refused, timeout, too many connections, a
-    server starting up) go away by themselves and are retried.
-    """
-    lowered = message.lower()
-    if any(fragment in lowered for fragment in _CONFIG_MESSAGES):
-        return "config"
-    if is_error(sqlstate, PERMANENT_CONNECT_ERRORS) or any(
-        f in lowered for f in _PERMANENT_MESSAGES
-    ):
-        return "permanent"
-    return "transient"
-
-
-def is_error(sqlstate: str | None, classes: tuple[type[psycopg.Error], ...]) -> bool:
-    """Whether the SQLSTATE a server sent is one of psycopg's ``classes`` (:mod:`psycopg.errors`).
-
-    For the places that get a bare SQLSTATE rather than an exception: libpq results on the
-    replication connection, and connection failures.
-    """
-    if not sqlstate:
-        return False
-    try:
-        return issubclass(errors.lookup(sqlstate), classes)
-    except KeyError:
-        return False  # a SQLSTATE this psycopg does not know
-
-
 def scrub(text: str, url: str) -> str:
     """``text`` (a libpq or server message) with every password of ``url`` masked."""
     try:
@@ -208,18 +138,3 @@ def scrub(text: str, url: str) -> str:
         if _SECRET_FRAGMENT in key.lower() and value:
             text = text.replace(value, MASK)
     return text
-
-
-def connect_error(message: str, sqlstate: str | None, url: str, doing: str) -> RelayError:
-    """The project's error for a failed connection attempt, its message scrubbed of secrets.
-
-    ConfigError (exit 2) for a connection string libpq refuses, SourceSetupError (exit 3) for a
-    server that refuses this role or database, SourceUnavailable (retried) for the rest.
-    """
-    text = scrub(message.strip(), url)
-    kind = connect_failure_kind(text, sqlstate)
-    if kind == "config":
-        return ConfigError(f"invalid configuration: CDC_RELAY_DATABASE_URL: {doing}: {text}")
-    if kind == "permanent":
-        return SourceSetupError(f"{doing}: {text} (permanent: fix the role, database or access)")
-    return SourceUnavailable(f"{doing}: {text}")

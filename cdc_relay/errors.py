@@ -1,8 +1,15 @@
 """The project's error tree.
 
-Library exceptions (psycopg, confluent-kafka, pydantic) are mapped to these at the adapter boundary,
-so the relay loop reasons about *what to do* (retry, restart the session, stop) rather than about
-which library raised. Messages are written for operators and never contain secrets.
+Library exceptions are mapped to these where the library is called, so the relay loop reasons
+about *what to do* (retry, restart the session, stop) rather than about which library raised:
+
+- psycopg/libpq: by :data:`cdc_relay.postgres_errors.PG_ERROR_MAP`, in the modules that hold a
+  PostgreSQL connection (listed there); no other module catches a psycopg error;
+- confluent-kafka/librdkafka: in :mod:`cdc_relay.publisher` (:func:`~cdc_relay.publisher.refusal`,
+  ``PERMANENT_ERRORS``);
+- pydantic: in :func:`cdc_relay.config.load_settings`, as one ConfigError naming the settings.
+
+Messages are written for operators and never contain secrets.
 """
 
 from __future__ import annotations

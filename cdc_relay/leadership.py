@@ -58,6 +58,7 @@ from psycopg import sql
 from cdc_relay.checkpoint import LEASE_TABLE, fenced
 from cdc_relay.config import Settings
 from cdc_relay.errors import LeadershipLost, SourceError
+from cdc_relay.postgres_errors import During, mapped
 from cdc_relay.replication.source import connect
 
 log = logging.getLogger(__name__)
@@ -231,15 +232,16 @@ class Leadership:
         while not self._stop.is_set():
             wait = POLL_INTERVAL
             try:
-                if self._resign.is_set():
-                    self._resign.clear()
-                    self._close()
-                elif self._leading:
-                    self._renew()
-                    wait = self.settings.leader_renew_interval
-                elif self._try_acquire():
-                    wait = self.settings.leader_renew_interval
-            except (psycopg.Error, SourceError) as exc:
+                with mapped(During.STATEMENT):
+                    if self._resign.is_set():
+                        self._resign.clear()
+                        self._close()
+                    elif self._leading:
+                        self._renew()
+                        wait = self.settings.leader_renew_interval
+                    elif self._try_acquire():
+                        wait = self.settings.leader_renew_interval
+            except SourceError as exc:
                 if self._leading and self._connection_alive() and self.leading:
                     # The connection is alive, so the lock is still ours, and the lease runs on
                     # by the local clock (e.g. the renewal hit its statement_timeout behind a

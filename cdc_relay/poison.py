@@ -137,7 +137,7 @@ class PoisonPolicyHandler:
         if trace_id:
             fields["trace_id"] = trace_id
         if self._stop:
-            txn.pending += 1  # the transaction can never complete: the watermark never passes it
+            txn.hold()
             log.error("poison record, stopping (poison policy: stop)", extra={"fields": fields})
             self._fail(
                 PoisonRecordError(
@@ -178,8 +178,7 @@ class PoisonPolicyHandler:
 
     def refused_delivery(self, failure: DeliveryFailure) -> None:
         """The broker refused a record permanently after it was produced."""
-        # The original produce counted one pending delivery; what replaces it takes it over.
-        failure.txn.pending -= 1
+        failure.txn.refused()
         if not failure.dead_letter:
             self.refuse(RefusedRecord.of_failure(failure))
             return
@@ -201,7 +200,7 @@ class PoisonPolicyHandler:
             on_delivery = partial(_delivered, callback, topic, headers)
             try:
                 self._sink.produce(topic, letter.value, letter.key, headers, on_delivery)
-                txn.pending += 1
+                txn.produced()
                 return
             except BufferError:
                 self._sink.poll(0.05)
@@ -223,7 +222,7 @@ class PoisonPolicyHandler:
 
     def _unusable(self, txn: PendingTransaction, reason: str) -> NoReturn:
         """Not even the metadata can be dead-lettered: stop without confirming past ``txn``."""
-        txn.pending += 1  # the transaction can never complete, so the watermark never passes it
+        txn.hold()
         self._fail(
             ConfigError(
                 f"the dead-letter topic {self._topic!r} is unusable: {reason} "

@@ -1,7 +1,7 @@
 """The Kafka side: an idempotent confluent-kafka producer and the accounting of its deliveries.
 
 confluent-kafka reports each record's fate in a delivery callback served by ``poll()``. Successes
-decrement their transaction's pending count (see :mod:`cdc_relay.watermark`); failures are queued
+are acknowledged to their transaction (see :mod:`cdc_relay.watermark`); failures are queued
 and classified here as *permanent* for that record (dead-letter or stop) or *transient* (rebuild and
 resume). librdkafka's exceptions are mapped here, in :func:`refusal`, to the project's own errors;
 the one place they surface unmapped is the hot path's bound ``produce_raw``, whose caller hands
@@ -23,17 +23,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     OffsetSpec,
 )
 
-from cdc_relay.config import env_name, is_secret_property, legal_topic
-from cdc_relay.errors import ConfigError, SinkUnavailable
+from cdc_relay.config import legal_topic
+from cdc_relay.errors import SinkUnavailable
 from cdc_relay.logs import cut
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
-# Where the throwaway producer of check_producer_config logs (about having no brokers): nowhere.
-_SILENT_LOGGER = logging.getLogger("cdc_relay.publisher.config_check")
-_SILENT_LOGGER.addHandler(logging.NullHandler())
-_SILENT_LOGGER.propagate = False
 
 DeliveryCallback = Callable[[Any, Any], None]
 # Delivery reports do not carry headers, so each record's topic and headers are bound first (the
@@ -83,27 +79,6 @@ _CLIENT_PROPERTY_PREFIXES = (
     "retry.backoff",
     "connections.max.idle.ms",
 )
-
-
-def check_producer_config(config: dict[str, str]) -> None:
-    """librdkafka's own verdict on the producer properties: ConfigError naming the setting.
-
-    A Producer built and dropped at once is the only complete check: librdkafka knows hundreds
-    of properties, their types and their ranges. Built without bootstrap servers, it connects
-    nowhere; its log lines (about that) go nowhere.
-    """
-    probe: dict[str, Any] = {k: v for k, v in config.items() if k != "bootstrap.servers"}
-    probe["logger"] = _SILENT_LOGGER
-    try:
-        Producer(probe)
-    except (KafkaException, ValueError, TypeError) as exc:
-        message = str(exc.args[0].str() if isinstance(exc, KafkaException) else exc)
-        for key, value in config.items():
-            if is_secret_property(key) and value:
-                message = message.replace(value, "***")
-        raise ConfigError(
-            f"invalid configuration: {env_name('kafka_producer_config')}: {message}"
-        ) from None
 
 
 def admin_config(producer_config: dict[str, str]) -> dict[str, str | int | float | bool]:
@@ -191,8 +166,7 @@ class DeliveryTracker:
             offsets[topic, msg.partition()] = msg.offset()
             by_topic[topic] += 1
             tracker.acked += 1
-            txn.pending -= 1
-            if txn.pending:
+            if txn.acknowledged():
                 txn.unobserved += 1
             else:
                 observe(now() - commit_time, txn.unobserved + 1)
@@ -207,8 +181,7 @@ class DeliveryTracker:
             offsets[topic, msg.partition()] = msg.offset()
             stats.dead_lettered += 1
             tracker.acked += 1
-            txn.pending -= 1
-            if not txn.pending and txn.unobserved:  # the events acknowledged before it
+            if not txn.acknowledged() and txn.unobserved:  # the events acknowledged before it
                 observe(now() - commit_time, txn.unobserved)
                 txn.unobserved = 0
 

@@ -192,7 +192,7 @@ class Relay:
         """Serve metrics and health, sweep published rows, and relay, until stopped."""
         sweeper_thread = None
         if self.settings.sweep_interval > 0:
-            sweeper = Sweeper(self.settings, self.stats)  # a bad retention setting fails here
+            sweeper = Sweeper(self.settings, self.stats)
             self.stats.sweeper = sweeper
             # Only the leader sweeps (a stale one could not do harm: see cdc_relay.sweeper).
             sweeper_thread = threading.Thread(

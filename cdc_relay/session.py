@@ -441,7 +441,7 @@ class Session:
                 self.produce(
                     topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
                 )
-                txn.pending += 1
+                txn.produced()
                 return
             except BufferError:
                 self.wait_for_room()

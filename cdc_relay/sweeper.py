@@ -67,9 +67,10 @@ from psycopg import sql
 from cdc_relay.backoff import Backoff
 from cdc_relay.checkpoint import PostgresCheckpointStore, Record
 from cdc_relay.config import OutboxTable, Settings, env_name
-from cdc_relay.errors import ConfigError, PositionMismatch, SourceSetupError, SourceUnavailable
+from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
@@ -227,16 +228,7 @@ class Sweeper:
         self.stats = stats  # the relay's; this sweeper's own counters are the attributes below
         self.batch_size = settings.sweep_batch_size
         self.retention = settings.sweep_retention_seconds
-        tables = settings.tables()
-        if self.retention > 0:
-            lacking = [t.table for t in tables if t.columns.created_at is None]
-            if lacking:
-                raise ConfigError(
-                    f"invalid configuration: {env_name('sweep_retention_seconds')}: retention "
-                    f"needs a creation-time column, and {', '.join(lacking)} has none (set "
-                    f'"created_at" in {env_name("outbox_columns")} / '
-                    f"{env_name('outbox_tables')}, or set the retention to 0)"
-                )
+        tables = settings.tables()  # a retention has its column: config.py
         self._tables = [_TableState(t) for t in tables]
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one pass at a time (relay thread vs. a CLI caller)
@@ -301,7 +293,7 @@ class Sweeper:
                         "not sweeping: the position record cannot be this server's",
                         extra={"fields": {"error": str(exc), "retry_in_s": delay}},
                     )
-                except (SourceUnavailable, SourceSetupError, psycopg.Error) as exc:
+                except (SourceUnavailable, SourceSetupError) as exc:
                     self.close()
                     delay = backoff.delay()
                     log.warning(
@@ -630,9 +622,11 @@ class Sweeper:
                 conn.execute(
                     sql.SQL("SET statement_timeout = {}").format(sql.Literal(STATEMENT_TIMEOUT))
                 )
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 conn.close()
-                raise SourceUnavailable(f"sweeper cannot use its connection: {exc}") from None
+                raise error_for(
+                    exc, During.STATEMENT, "sweeper cannot use its connection"
+                ) from None
             self._conn = conn
         return self._conn
 

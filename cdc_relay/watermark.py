@@ -1,6 +1,10 @@
 """The contiguous acknowledgement watermark: how far the slot may be confirmed.
 
-Transactions are tracked in commit order. Each counts the Kafka deliveries it still waits for.
+Transactions are tracked in commit order. Each counts the Kafka deliveries it still waits for;
+that count changes only through :class:`PendingTransaction`'s methods (:meth:`~PendingTransaction.
+produced`, :meth:`~PendingTransaction.acknowledged`, :meth:`~PendingTransaction.refused`,
+:meth:`~PendingTransaction.hold`), called by the session, the delivery callbacks and the poison
+policy.
 The watermark is the end LSN of the newest transaction such that it *and every transaction before
 it* are sealed (their Commit was seen) and fully acknowledged — never simply the highest LSN
 acknowledged, because acknowledgements arrive out of order across partitions.
@@ -20,12 +24,12 @@ class PendingTransaction:
     """One source transaction on its way to Kafka."""
 
     __slots__ = (
+        "_pending",
         "commit_lsn",
         "commit_time",
         "end_lsn",
         "events",
         "offsets",
-        "pending",
         "position",
         "sealed",
         "unobserved",
@@ -35,7 +39,7 @@ class PendingTransaction:
         self.commit_lsn = commit_lsn
         self.commit_time = commit_time  # Unix seconds, for latency and lag
         self.end_lsn = 0
-        self.pending = 0
+        self._pending = 0  # deliveries still awaited (+1 for good when held)
         self.unobserved = 0  # acknowledged events whose latency is not yet observed
         self.sealed = False
         self.position = position  # b"<slot>/<commit LSN hex>/": the events' position prefix
@@ -44,8 +48,32 @@ class PendingTransaction:
         self.offsets: dict[tuple[str, int], int] = {}
 
     @property
+    def pending(self) -> int:
+        """The Kafka deliveries this transaction still waits for."""
+        return self._pending
+
+    @property
     def done(self) -> bool:
-        return self.sealed and self.pending == 0
+        return self.sealed and self._pending == 0
+
+    def produced(self) -> None:
+        """librdkafka took one of its records: one more delivery to wait for."""
+        self._pending += 1
+
+    def acknowledged(self) -> int:
+        """Kafka acknowledged one of its records; the deliveries still awaited."""
+        self._pending -= 1
+        return self._pending
+
+    def refused(self) -> None:
+        """Kafka refused one of its records after taking it: that delivery is no longer awaited
+        (what replaces the record, a dead letter, is produced, and counted, anew)."""
+        self._pending -= 1
+
+    def hold(self) -> None:
+        """It can never complete (a record that can be neither published nor dead-lettered):
+        the watermark never passes it, so nothing at or after it is confirmed."""
+        self._pending += 1
 
 
 class Watermark:

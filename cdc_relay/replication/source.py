@@ -15,10 +15,10 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.config import OutboxTable
-from cdc_relay.database_url import connect_error
 from cdc_relay.ddl import create_publication_statement, publication_ddl
 from cdc_relay.errors import SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.postgres_errors import connect_error
 from cdc_relay.publication_filter import (
     FilterMismatch,
     find_mismatch,

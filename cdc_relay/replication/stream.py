@@ -2,7 +2,8 @@
 
 psycopg 3 has no replication API, but its ``pq.PGconn`` exposes the libpq calls the protocol needs.
 This module is the only place that touches that connection; libpq/psycopg failures leave it as
-:class:`SourceUnavailable` (retry) or :class:`SourceSetupError` (an operator must act).
+:class:`SourceUnavailable` (retry) or :class:`SourceSetupError` (an operator must act), sorted by
+:mod:`cdc_relay.postgres_errors`.
 """
 
 from __future__ import annotations
@@ -11,22 +12,16 @@ import select
 import time
 
 import psycopg
-from psycopg import errors, pq, sql
+from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
-from cdc_relay.database_url import PERMANENT_CONNECT_ERRORS, connect_error, is_error, scrub
+from cdc_relay.database_url import scrub
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.postgres_errors import During, connect_error, kind_of
 from cdc_relay.replication.protocol import standby_status_update
 
 APPLICATION_NAME = "cdc-relay"
-
-# What means "fix the setup", as opposed to "try again".
-_SETUP_ERRORS: tuple[type[psycopg.Error], ...] = (
-    *PERMANENT_CONNECT_ERRORS,
-    errors.UndefinedObject,  # the slot or the publication does not exist
-    errors.ObjectNotInPrerequisiteState,  # e.g. wal_level
-)
 
 
 def replication_conninfo(database_url: str) -> str:
@@ -173,7 +168,7 @@ class ReplicationStream:
             message = _text(result.get_error_message()) or message
             sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
         self.close()
-        if is_error(sqlstate, _SETUP_ERRORS):
+        if kind_of(sqlstate, During.REPLICATION) is SourceSetupError:
             _raise_for_sqlstate(sqlstate, message, self._slot_name)
         raise SourceUnavailable(
             f"replication stream ended: {message or 'server closed the stream'}"
@@ -202,12 +197,13 @@ def _raise_for_connect(message: str, conninfo: str) -> None:
 
 
 def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
-    if is_error(sqlstate, (errors.ObjectInUse,)):
+    kind = kind_of(sqlstate, During.REPLICATION)
+    if kind is SlotInUse:
         raise SlotInUse(
             f"{message}. Another process is streaming from slot {slot_name!r}: stop it, or give "
             "this relay its own slot with CDC_RELAY_SLOT_NAME"
         )
-    if is_error(sqlstate, _SETUP_ERRORS):
+    if kind is SourceSetupError:
         raise SourceSetupError(f"START_REPLICATION failed: {message}")
     raise SourceUnavailable(f"START_REPLICATION failed: {message or 'connection lost'}")
 
@@ -234,12 +230,7 @@ def _run(conn: pq.abc.PGconn, command: str) -> list[tuple[bytes | None, ...]]:
         sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
         message = _text(result.get_error_message()) or _text(conn.get_error_message())
         failed = f"{command.split(maxsplit=1)[0]} failed: {message or 'connection lost'}"
-        if is_error(sqlstate, (errors.ObjectInUse,)):
-            raise SlotInUse(failed)
-        # syntax/access (42), object state (55), not supported (0A): for an operator
-        if is_error(sqlstate, _SETUP_ERRORS) or sqlstate[:2] in ("42", "55", "0A"):
-            raise SourceSetupError(failed)
-        raise SourceUnavailable(failed)
+        raise kind_of(sqlstate, During.COMMAND)(failed)
     return [
         tuple(result.get_value(row, col) for col in range(result.nfields))
         for row in range(result.ntuples)

@@ -17,6 +17,7 @@ from cdc_relay.config import (
     LogFormat,
     PoisonPolicy,
     Settings,
+    check_producer_config,
     env_name,
     is_secret_property,
     load_settings,
@@ -25,9 +26,9 @@ from cdc_relay.config import (
     redact_url,
     split_property,
 )
-from cdc_relay.database_url import connect_failure_kind, has_password
+from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
-from cdc_relay.publisher import check_producer_config
+from cdc_relay.postgres_errors import connect_failure_kind
 
 DB_PASSWORD = "hunter2-db-Pw"
 SASL_PASSWORD = "s3cret-sasl-Pw"

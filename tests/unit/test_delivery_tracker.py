@@ -18,7 +18,7 @@ def _produce(tracker: DeliveryTracker, txn: PendingTransaction, count: int) -> l
     for i in range(count):
         headers = [("id", b"%d" % i)]
         records.append(Record(TOPIC, b"{}", b"k", headers, partial(callback, TOPIC, headers)))
-        txn.pending += 1
+        txn.produced()
     return records
 
 

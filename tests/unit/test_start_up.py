@@ -64,7 +64,7 @@ def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 RELAY_START = """
 from cdc_relay.cli import build_parser, settings_from_args
 from cdc_relay.decode import plugin_options_for
-from cdc_relay.publisher import check_producer_config
+from cdc_relay.config import check_producer_config
 from cdc_relay.relay import Relay, _Metrics
 
 settings = settings_from_args(build_parser().parse_args(["run"]))

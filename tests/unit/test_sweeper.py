@@ -1,10 +1,10 @@
-"""Unit tests for the pure parts of cdc_relay.sweeper: candidate queue, configuration, output."""
+"""Unit tests for the pure parts of cdc_relay.sweeper: candidate queue, settings rule, output."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdc_relay.config import OutboxColumns, OutboxTable, Settings
+from cdc_relay.config import OutboxColumns, OutboxTable, Settings, load_settings
 from cdc_relay.errors import ConfigError
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.sweeper import CandidateQueue, Sweeper, SweepResult, SweptBatch
@@ -21,6 +21,16 @@ def _settings(**values: object) -> Settings:
     }
     base.update(values)
     return Settings(**base)  # type: ignore[arg-type]
+
+
+def _load(**values: object) -> Settings:
+    """Settings as the relay loads them: a rule between settings is a ConfigError."""
+    base: dict[str, object] = {
+        "database_url": "postgresql://relay@db.example/app",
+        "kafka_bootstrap_servers": "kafka:9092",
+        "outbox_tables": (),
+    }
+    return load_settings(**(base | values))
 
 
 # -- CandidateQueue -------------------------------------------------------------------------------
@@ -74,23 +84,21 @@ def test_empty_selections_are_not_queued_and_fences_never_go_back() -> None:
 
 
 def test_retention_without_a_creation_time_column_is_a_config_error() -> None:
-    settings = _settings(sweep_retention_seconds=60, outbox_columns=OutboxColumns(created_at=None))
     with pytest.raises(ConfigError, match="CDC_RELAY_SWEEP_RETENTION_SECONDS") as info:
-        Sweeper(settings)
+        _load(sweep_retention_seconds=60, outbox_columns=OutboxColumns(created_at=None))
     assert "public.outbox" in str(info.value)
     assert info.value.exit_code == 2
 
 
 def test_retention_names_every_table_that_lacks_the_column() -> None:
-    settings = _settings(
-        sweep_retention_seconds=5,
-        outbox_tables=(
-            OutboxTable(table="app.a"),
-            OutboxTable(table="app.b", columns=OutboxColumns(created_at=None)),
-        ),
-    )
     with pytest.raises(ConfigError, match=r"app\.b has none"):
-        Sweeper(settings)
+        _load(
+            sweep_retention_seconds=5,
+            outbox_tables=(
+                OutboxTable(table="app.a"),
+                OutboxTable(table="app.b", columns=OutboxColumns(created_at=None)),
+            ),
+        )
 
 
 def test_without_retention_no_creation_time_column_is_needed() -> None:

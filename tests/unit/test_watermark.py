@@ -1,7 +1,7 @@
 """Unit tests for cdc_relay.watermark: the contiguous acknowledgement watermark.
 
-The relay's usage is mirrored here: ``open`` on Begin, ``pending += 1`` per produced record,
-``pending -= 1`` on a delivery acknowledgement followed by ``advance()``, ``seal`` on Commit and
+The relay's usage is mirrored here: ``open`` on Begin, ``produced()`` per produced record,
+``acknowledged()`` on a delivery acknowledgement followed by ``advance()``, ``seal`` on Commit and
 ``idle`` on a keepalive received outside a transaction.
 """
 
@@ -17,11 +17,12 @@ START = 0x1000
 
 
 def produce(txn: PendingTransaction, records: int = 1) -> None:
-    txn.pending += records
+    for _ in range(records):
+        txn.produced()
 
 
 def ack(watermark: Watermark, txn: PendingTransaction) -> int:
-    txn.pending -= 1
+    txn.acknowledged()
     return watermark.advance()
 
 
@@ -38,7 +39,7 @@ def test_pending_transaction_state() -> None:
     assert not txn.done
     txn.sealed = True
     assert txn.done
-    txn.pending = 1
+    txn.hold()
     assert not txn.done
 
 
