@@ -399,7 +399,7 @@ class Session:
     def publish(
         self,
         mapping: OutboxMapping | MessageMapping,
-        source: Any,  # the row's TupleData for a table, the content bytes for a message
+        data: Any,  # what the mapping maps: a row's TupleData, a message's content bytes
         txn: PendingTransaction,
         callback: TransactionCallback,
     ) -> None:
@@ -408,14 +408,14 @@ class Session:
         txn.events += 1
         position = b"%b%d" % (txn.position, txn.events)
         try:
-            record = mapping.map(source)
+            record = mapping.map(data)
         except MalformedEvent as malformed:  # one name per exception type: mypyc types names
             event_id = malformed.event_id
-            self.refuse_unmapped(mapping, source, txn, str(malformed), event_id, position=position)
+            self.refuse_unmapped(mapping, data, txn, str(malformed), event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {cut(str(exc))}"
-            self.refuse_unmapped(mapping, source, txn, reason, None, position=position)
+            self.refuse_unmapped(mapping, data, txn, reason, None, position=position)
             return
         topic, key, value, headers, event_id, traceparent = record
         headers.append((POSITION_HEADER, position))
@@ -463,7 +463,7 @@ class Session:
     def refuse_unmapped(
         self,
         mapping: OutboxMapping | MessageMapping,
-        source: Any,
+        data: Any,
         txn: PendingTransaction,
         reason: str,
         event_id: str | None,
@@ -474,7 +474,7 @@ class Session:
         if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
             return
         try:
-            row: bytes | None = mapping.describe_row(source)
+            row: bytes | None = mapping.describe_row(data)
         except Exception as exc:  # the row is hostile to describing too: say so instead
             row = None
             reason = f"{reason} (the row cannot be described: {type(exc).__name__})"
