@@ -156,7 +156,7 @@ class Prerequisites:
         self.conn = conn
         self.settings = settings
         self.tables = settings.tables()
-        # What the first checks read, in one round trip (start-up time, issue 17).
+        # What the first checks read, in one round trip: each round trip delays the relay's start.
         row = conn.execute(
             "SELECT current_user, current_setting('server_version_num'), "
             "current_setting('server_version'), current_setting('wal_level'), "

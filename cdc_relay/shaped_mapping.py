@@ -1,5 +1,5 @@
 """The general outbox mapping: topics and keys from expressions over columns, an optional aggregate
-type, and values shaped as the payload, the whole row or an envelope (issue 14).
+type, and values shaped as the payload, the whole row or an envelope.
 
 Why this module exists: tables written by other software (Debezium's outbox, frameworks' units of
 work) carry routing and metadata in other shapes than ``sql/001_outbox.sql``. Everything such a
