@@ -54,7 +54,7 @@ from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
+from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MessageMapping, OutboxMapping
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
@@ -77,6 +77,7 @@ from cdc_relay.replication.protocol import (
 )
 from cdc_relay.shaped_mapping import outbox_mapping
 from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
+from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)

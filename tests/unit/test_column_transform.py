@@ -21,7 +21,7 @@ from cdc_relay.column_transform import (
     nested_repetition,
     repetitions,
 )
-from cdc_relay.outbox import MalformedEvent
+from cdc_relay.value_text import MalformedEvent
 
 STREAM = r"([^:]+)::([^-]+)-(.*)"
 INT8, NUMERIC, FLOAT8, BOOL, JSONB, JSON, BYTEA, TEXT, TIMESTAMP = (
