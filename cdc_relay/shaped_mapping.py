@@ -43,7 +43,7 @@ from cdc_relay.config import (
     needs_aggregate_type,
 )
 from cdc_relay.decode.messages import Relation, TupleData
-from cdc_relay.outbox import OutboxMapping, OutboxRecord, header_entries
+from cdc_relay.outbox import OutboxMapping, OutboxRecord
 from cdc_relay.value_text import BYTEA_OID, MalformedEvent, bytea_bytes, check_json
 
 
@@ -128,20 +128,9 @@ class ShapedMapping(OutboxMapping):
         event_id = text(raw_id, columns.id, None)
         event_type = _required(row, self._event_type_at, columns.event_type, event_id)
         aggregate_type = _optional(row, self._aggregate_type_at, columns.aggregate_type, event_id)
-        headers: list[tuple[str, bytes]] = [
-            ("id", raw_id),
-            ("event_type", event_type),
-            ("aggregate_type", aggregate_type or b""),
-        ]
-        traceparent = None
-        if self._traceparent is not None or self._span_context is not None:
-            traceparent = self._read_traceparent(row)
-            if traceparent is not None:
-                headers.append(("traceparent", traceparent))
-        if self._headers is not None:
-            extra = row[self._headers]
-            if type(extra) is bytes:
-                headers.extend(header_entries(extra, event_id))
+        headers, traceparent = self._first_headers(
+            row, raw_id, event_type, aggregate_type or b"", event_id
+        )
         for name, index in self._header_at:
             value = row[index]
             if type(value) is bytes:
