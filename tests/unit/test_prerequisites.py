@@ -472,3 +472,54 @@ def test_outcome_turns_a_check_into_a_line_or_nothing() -> None:
     assert str(outcome("x", lambda: "found")) == "ok   x: found"
     assert outcome("x", failing) == CheckResult("x", False, "do this")
     assert outcome("x", lambda: None) is None
+
+
+# -- state tables and leadership --------------------------------------------------------------
+
+LOCK_HOLDER = "FROM pg_locks k"
+LEASE = "l.expires_at > now(), r.rolname"
+
+
+def test_leadership_passes_when_this_role_may_take_over_from_the_leader() -> None:
+    answers = {LOCK_HOLDER: [], LEASE: [("host/1/abc", True, "relay", True)]}
+    assert checks(answers).state.leadership() == (
+        "relay host/1/abc leads as role relay; relay may take over from it"
+    )
+    assert checks({LOCK_HOLDER: [], LEASE: []}).state.leadership() == (
+        "no relay has led this slot yet; the first to start leads, others stand by"
+    )
+
+
+def test_leadership_fails_when_this_role_could_not_end_a_hung_leader() -> None:
+    answers = {LOCK_HOLDER: [], LEASE: [("host/1/abc", False, "admin", False)]}
+    assert unmet(checks(answers).state.leadership).fix == (
+        "relay host/1/abc held the lease, expired as role admin, whose connections relay may not "
+        "end: it could not take over if that relay hung. Run every relay of a slot as one role, "
+        "or GRANT pg_signal_backend TO relay"
+    )
+
+
+def test_leadership_fails_while_a_session_that_is_no_relay_holds_the_lock() -> None:
+    failed = unmet(checks({LOCK_HOLDER: [(77, "mallory")]}).state.leadership)
+    assert failed.fix.startswith(
+        "the leader lock is held by a session that is no relay (pid 77, role mallory): no relay "
+        "can lead while it holds it; end it: as a superuser, SELECT pg_terminate_backend(77);"
+    )
+
+
+# -- the conditions' columns ------------------------------------------------------------------
+
+COLUMN_TYPES = "format_type(atttypid, NULL)"
+
+
+def test_a_row_filter_on_a_column_that_is_not_text_fails_with_the_types_it_takes() -> None:
+    answers = {
+        **TABLE_OID,
+        "SELECT attname FROM pg_attribute": ALL_COLUMNS,
+        COLUMN_TYPES: [("event_type", "integer")],
+    }
+    prerequisites = checks(answers, sweep_interval=0, outbox_row_filter="event_type = 'a'")
+    assert unmet(prerequisites.outbox.table_columns, prerequisites.tables[0]).fix == (
+        "the row filter compares column event_type as text, but it is integer: conditions take "
+        "character varying or text columns"
+    )
