@@ -29,6 +29,7 @@ from types import ModuleType
 HOT_PATH = (
     "cdc_relay.decode.pgoutput",
     "cdc_relay.outbox",
+    "cdc_relay.value_text",  # outbox.py's check of a text payload, its decoding of a bytea one
     "cdc_relay.session",
     "cdc_relay.watermark",
     "cdc_relay.publisher",  # the delivery callback runs once per record

@@ -4,7 +4,7 @@ Every setting of :class:`cdc_relay.config.Settings` is also a flag (``--slot-nam
 ``CDC_RELAY_SLOT_NAME``); flags win over the environment and the ``.env`` file.
 
 Built on argparse rather than pydantic-settings' own CLI (``CliApp``, ``CliSubCommand``), which
-was tried (pydantic-settings 2.16) and would change what operators rely on: its setting flags
+(as of pydantic-settings 2.16) would change what operators rely on: its setting flags
 work only before the command (``run --slot-name x`` is refused) unless every command repeats the
 settings model, which then costs ~50 ms of start-up instead of ~2 ms and still needs the
 before/after merge written here; its dict flag splits ``KEY=VALUE`` lists at commas

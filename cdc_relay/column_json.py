@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import orjson
 
-from cdc_relay.outbox import MalformedEvent, bytea_bytes, check_json
+from cdc_relay.value_text import BYTEA_OID, MalformedEvent, bytea_bytes, check_json
 
 JsonValue = orjson.Fragment | str | bool | None
 Render = Callable[[bytes, str | None], JsonValue]
@@ -34,7 +34,6 @@ Render = Callable[[bytes, str | None], JsonValue]
 _NUMBER_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
 _BOOL_OID = 16
 JSON_OIDS = frozenset({114, 3802})
-BYTEA_OID = 17
 
 # RFC 8259's number grammar; PostgreSQL's numbers match it except NaN and [-]Infinity.
 _JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")

@@ -74,7 +74,7 @@ def emit_function_ddl(prefix: str, conn: psycopg.Connection[Any] | None) -> sql.
 
 
 def emit_privileges_ddl() -> bytes:
-    """The rest of ``sql/004_outbox_emit.sql``: ``outbox_emit`` no longer executable by PUBLIC,
+    """The rest of ``sql/004_outbox_emit.sql``: ``outbox_emit`` not executable by PUBLIC,
     nor any overload of ``pg_logical_emit_message``. Our own text, no names from settings."""
     return _emit_parts()["tail"].encode()
 

@@ -24,6 +24,7 @@ from mypy_extensions import mypyc_attr
 from cdc_relay.config import OutboxColumns
 from cdc_relay.decode.messages import Relation, TupleData, UnchangedToast
 from cdc_relay.reserved_headers import reserved
+from cdc_relay.value_text import BYTEA_OID, MalformedEvent, bytea_bytes, check_json
 
 DEFAULT_COLUMNS = OutboxColumns()
 
@@ -31,10 +32,8 @@ _TOPIC_CACHE_LIMIT = 4096
 
 # Payload column types (pg_type.dat OIDs). jsonb and json were checked by PostgreSQL and pass
 # through as they are (so does an unknown type, OID 0); bytea travels as its bytes; any other type
-# (text, varchar, a domain) is checked to be JSON first. Nested deeper than this is refused.
+# (text, varchar, a domain) is checked to be JSON first (cdc_relay.value_text).
 _JSON_OIDS = frozenset({3802, 114, 0})
-_BYTEA_OID = 17
-MAX_JSON_DEPTH = 1024  # what orjson, the fast check, takes
 
 
 class OutboxRecord(NamedTuple):
@@ -53,15 +52,7 @@ TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 
 
-class MalformedEvent(ValueError):
-    """The row does not satisfy the outbox contract; ``event_id`` is set when it could be read."""
-
-    def __init__(self, reason: str, event_id: str | None = None) -> None:
-        super().__init__(reason)
-        self.event_id = event_id
-
-
-@mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping stays interpreted (below)
+@mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping subclasses it, interpreted
 class OutboxMapping:
     """The column positions of one outbox relation, resolved once per Relation message."""
 
@@ -72,6 +63,7 @@ class OutboxMapping:
         traceparent_column: str = "traceparent",
         columns: OutboxColumns = DEFAULT_COLUMNS,
     ) -> None:
+        # What every outbox mapping reads (describe_row, _event_id, _read_traceparent, _topic).
         self.relation = relation
         self.table = f"{relation.namespace}.{relation.name}"
         positions = {column.name: i for i, column in enumerate(relation.columns)}
@@ -80,6 +72,19 @@ class OutboxMapping:
         self._positions = positions
         self._template = topic_template
         self._topics: dict[tuple[bytes, bytes], str] = {}
+        self._headers = positions.get(columns.headers) if columns.headers else None
+        self._traceparent = positions.get(traceparent_column)
+        self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
+        self.map: Callable[[TupleData], OutboxRecord] = self._map
+        self._payload_type = 0
+        self._resolve(relation, columns, positions)
+
+    def _resolve(
+        self, relation: Relation, columns: OutboxColumns, positions: dict[str, int]
+    ) -> None:
+        """The plain mapping's column positions, and its ``map`` for the payload's type: chosen
+        once per relation, so a jsonb payload pays nothing for the other types' checks.
+        (:class:`cdc_relay.shaped_mapping.ShapedMapping` resolves its own columns.)"""
         if not self.missing:
             # OutboxColumns.plain(): both are set (shaped_mapping.outbox_mapping chooses).
             assert columns.aggregate_type is not None
@@ -95,12 +100,6 @@ class OutboxMapping:
             self._has_overrides = bool(
                 self._header_columns or self._topic_override is not None or self._key is not None
             )
-        self._headers = positions.get(columns.headers) if columns.headers else None
-        self._traceparent = positions.get(traceparent_column)
-        self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
-        # Chosen once per relation, so a jsonb payload pays nothing for the other types' checks.
-        self.map: Callable[[TupleData], OutboxRecord] = self._map
-        self._payload_type = 0
         payload_index = positions.get(columns.payload)
         if payload_index is not None:
             self._payload_type = relation.columns[payload_index].type_oid
@@ -110,7 +109,7 @@ class OutboxMapping:
     def _map_converted(self, row: TupleData) -> OutboxRecord:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""
         record = self._map(row)
-        if self._payload_type == _BYTEA_OID:
+        if self._payload_type == BYTEA_OID:
             value = bytea_bytes(record.value or b"", record.event_id)
         else:
             value = record.value or b""
@@ -138,6 +137,8 @@ class OutboxMapping:
         except (AttributeError, IndexError, TypeError, UnicodeDecodeError):
             self._raise_malformed(row)
         try:  # free in CPython 3.11+ unless it raises
+            # _first_headers inlined, deliberately: calling it measured +2.7-4.3 % of the hot path's
+            # instructions per event (python -m bench.replay --callgrind).
             headers: list[tuple[str, bytes]] = [
                 ("id", raw_id),
                 ("event_type", event_type),
@@ -151,7 +152,7 @@ class OutboxMapping:
             if self._headers is not None:
                 extra = row[self._headers]
                 if type(extra) is bytes:
-                    headers.extend(_header_entries(extra, event_id))
+                    headers.extend(header_entries(extra, event_id))
             key = aggregate_id
             topic = None
             if self._has_overrides:
@@ -174,6 +175,32 @@ class OutboxMapping:
         except IndexError:  # an optional column beyond the row: not a row of this relation
             raise MalformedEvent("the row has fewer columns than its relation", event_id) from None
         return _new(OutboxRecord, (topic, key, payload, headers, event_id, traceparent))
+
+    def _first_headers(
+        self,
+        row: TupleData,
+        raw_id: bytes,
+        event_type: bytes,
+        aggregate_type: bytes,
+        event_id: str,
+    ) -> tuple[list[tuple[str, bytes]], bytes | None]:
+        """The headers every mapping sends first (id, event_type, aggregate_type, traceparent,
+        the headers column's entries), and the traceparent; :meth:`_map` inlines it."""
+        headers: list[tuple[str, bytes]] = [
+            ("id", raw_id),
+            ("event_type", event_type),
+            ("aggregate_type", aggregate_type),
+        ]
+        traceparent = None
+        if self._traceparent is not None or self._span_context is not None:
+            traceparent = self._read_traceparent(row)
+            if traceparent is not None:
+                headers.append(("traceparent", traceparent))
+        if self._headers is not None:
+            extra = row[self._headers]
+            if type(extra) is bytes:
+                headers.extend(header_entries(extra, event_id))
+        return headers, traceparent
 
     def _raise_malformed(self, row: TupleData) -> NoReturn:
         """Why ``row`` breaks the contract, as a MalformedEvent."""
@@ -265,7 +292,7 @@ def _describe(value: object) -> str:
     return "NULL" if value is None else "an unchanged TOAST value"
 
 
-def _header_entries(raw: bytes, event_id: str) -> list[tuple[str, bytes]]:
+def header_entries(raw: bytes, event_id: str) -> list[tuple[str, bytes]]:
     """Top-level entries of the headers object; non-string values keep their exact JSON text.
 
     Values are sliced out of the text rather than parsed and re-serialised, so that a number
@@ -341,87 +368,6 @@ def check_headers(headers: list[tuple[str, bytes]], event_id: str | None) -> Non
             raise MalformedEvent(
                 f"header name {name[:1024]!r} is not Unicode (a lone surrogate)", event_id
             ) from None
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _ignore_number(text: str) -> None:
-    return None
-
-
-# The strict RFC 8259 grammar with numbers of any size (not converted) and without NaN/Infinity.
-_CHECKING_JSON = json.JSONDecoder(
-    parse_float=_ignore_number, parse_int=_ignore_number, parse_constant=_reject_constant
-)
-
-
-def check_json(value: bytes, name: str, event_id: str | None) -> None:
-    """Raise MalformedEvent unless ``value`` is one JSON text (UTF-8, not too deeply nested)."""
-    try:
-        orjson.loads(value)  # fast and strict; it also refuses what is merely beyond its limits
-        return
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        text = value.decode()
-        if _depth_exceeds(text, MAX_JSON_DEPTH):
-            raise MalformedEvent(f"{name} is nested deeper than {MAX_JSON_DEPTH} levels", event_id)
-        _CHECKING_JSON.decode(text)
-    except UnicodeDecodeError:
-        raise MalformedEvent(f"{name} is not valid UTF-8", event_id) from None
-    except RecursionError:
-        raise MalformedEvent(f"{name} is nested too deeply", event_id) from None
-    except ValueError as exc:  # JSONDecodeError (which says where) or a NaN/Infinity
-        if isinstance(exc, MalformedEvent):
-            raise
-        raise MalformedEvent(f"{name} is not valid JSON: {exc}", event_id) from None
-
-
-def _depth_exceeds(text: str, limit: int) -> bool:
-    """Whether brackets outside strings nest deeper than ``limit`` (a bound, not a parser)."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-_BYTEA_HEX = re.compile(rb"\\x([0-9a-fA-F]{2})*")
-_BYTEA_ESCAPE = re.compile(rb"\\(\\|[0-3][0-7]{2})")
-
-
-def bytea_bytes(text: bytes, event_id: str | None) -> bytes:
-    """The bytes of a bytea value from its text form: hex (``\\x7b7d``, the default) or escape."""
-    if text.startswith(b"\\x"):
-        if not _BYTEA_HEX.fullmatch(text):
-            raise MalformedEvent("payload is not a valid bytea hex text", event_id)
-        return bytes.fromhex(text[2:].decode("ascii"))
-    if b"\\" not in text:
-        return text
-    if _BYTEA_ESCAPE.sub(b"", text).count(b"\\"):
-        raise MalformedEvent("payload is not a valid bytea escape text", event_id)
-    return _BYTEA_ESCAPE.sub(_unescape_octet, text)
-
-
-def _unescape_octet(match: re.Match[bytes]) -> bytes:
-    escaped = match.group(1)
-    return b"\\" if escaped == b"\\" else bytes([int(escaped, 8)])
 
 
 def _skip_space(text: str, pos: int) -> int:

@@ -87,6 +87,7 @@ class RefusedRecord:
         )
 
 
+# Publisher.produce's signature again, deliberately: the policy depends on this, not on the adapter.
 class DeadLetterSink(Protocol):
     """What the policy needs of the Kafka adapter."""
 

@@ -53,7 +53,7 @@ from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MalformedEvent, MessageMapping, OutboxMapping
+from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MessageMapping, OutboxMapping
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
@@ -76,6 +76,7 @@ from cdc_relay.replication.protocol import (
 )
 from cdc_relay.shaped_mapping import outbox_mapping
 from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
+from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -397,7 +398,7 @@ class Session:
     def publish(
         self,
         mapping: OutboxMapping | MessageMapping,
-        source: Any,  # the row's TupleData for a table, the content bytes for a message
+        data: Any,  # what the mapping maps: a row's TupleData, a message's content bytes
         txn: PendingTransaction,
         callback: TransactionCallback,
     ) -> None:
@@ -406,14 +407,14 @@ class Session:
         txn.events += 1
         position = b"%b%d" % (txn.position, txn.events)
         try:
-            record = mapping.map(source)
+            record = mapping.map(data)
         except MalformedEvent as malformed:  # one name per exception type: mypyc types names
             event_id = malformed.event_id
-            self.refuse_unmapped(mapping, source, txn, str(malformed), event_id, position=position)
+            self.refuse_unmapped(mapping, data, txn, str(malformed), event_id, position=position)
             return
         except Exception as exc:  # whatever a hostile row provokes, it refuses only that row
             reason = f"the row cannot be mapped: {type(exc).__name__}: {cut(str(exc))}"
-            self.refuse_unmapped(mapping, source, txn, reason, None, position=position)
+            self.refuse_unmapped(mapping, data, txn, reason, None, position=position)
             return
         topic, key, value, headers, event_id, traceparent = record
         headers.append((POSITION_HEADER, position))
@@ -461,7 +462,7 @@ class Session:
     def refuse_unmapped(
         self,
         mapping: OutboxMapping | MessageMapping,
-        source: Any,
+        data: Any,
         txn: PendingTransaction,
         reason: str,
         event_id: str | None,
@@ -472,7 +473,7 @@ class Session:
         if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
             return
         try:
-            row: bytes | None = mapping.describe_row(source)
+            row: bytes | None = mapping.describe_row(data)
         except Exception as exc:  # the row is hostile to describing too: say so instead
             row = None
             reason = f"{reason} (the row cannot be described: {type(exc).__name__})"

@@ -1,5 +1,5 @@
 """The general outbox mapping: topics and keys from expressions over columns, an optional aggregate
-type, and values shaped as the payload, the whole row or an envelope (issue 14).
+type, and values shaped as the payload, the whole row or an envelope.
 
 Why this module exists: tables written by other software (Debezium's outbox, frameworks' units of
 work) carry routing and metadata in other shapes than ``sql/001_outbox.sql``. Everything such a
@@ -30,8 +30,6 @@ The record, per row (the README's "Adopting an existing outbox" says the same fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import orjson
 
 from cdc_relay.column_json import JSON_OIDS, Render, expanded_renderer, renderer, text
@@ -45,17 +43,8 @@ from cdc_relay.config import (
     needs_aggregate_type,
 )
 from cdc_relay.decode.messages import Relation, TupleData
-from cdc_relay.outbox import (
-    DEBEZIUM_SPAN_CONTEXT,
-    MalformedEvent,
-    OutboxMapping,
-    OutboxRecord,
-    _header_entries,
-    bytea_bytes,
-    check_json,
-)
-
-_BYTEA_OID = 17
+from cdc_relay.outbox import OutboxMapping, OutboxRecord
+from cdc_relay.value_text import BYTEA_OID, MalformedEvent, bytea_bytes, check_json
 
 
 def outbox_mapping(
@@ -70,28 +59,13 @@ def outbox_mapping(
 class ShapedMapping(OutboxMapping):
     """The general mapping; its per-row work is only what the table's options ask for."""
 
-    def __init__(
-        self,
-        relation: Relation,
-        topic_template: str,
-        traceparent_column: str,
-        columns: OutboxColumns,
+    def _resolve(
+        self, relation: Relation, columns: OutboxColumns, positions: dict[str, int]
     ) -> None:
-        # Not OutboxMapping.__init__: its column positions assume the plain mapping's columns.
-        # The attributes the inherited describe_row/_event_id/_read_traceparent/_topic read are set.
-        self.relation = relation
-        self.table = f"{relation.namespace}.{relation.name}"
-        positions = {column.name: i for i, column in enumerate(relation.columns)}
-        self.missing = [name for name in columns.mapped if name not in positions]
-        self._columns = columns
-        self._positions = positions
-        self._template = topic_template
-        self._topics: dict[tuple[bytes, bytes], str] = {}
-        self._headers = positions.get(columns.headers) if columns.headers else None
-        self._traceparent = positions.get(traceparent_column)
-        self._span_context = positions.get(DEBEZIUM_SPAN_CONTEXT)
-        self.map: Callable[[TupleData], OutboxRecord] = self._map_shaped
-        self._template_needs_type = needs_aggregate_type(topic_template)
+        # Called by OutboxMapping.__init__ once it has set what every mapping reads; the plain
+        # mapping's positions assume its columns, so these are resolved here instead.
+        self.map = self._map_shaped
+        self._template_needs_type = needs_aggregate_type(self._template)
         if self.missing:
             return
         types = [column.type_oid for column in relation.columns]
@@ -154,20 +128,9 @@ class ShapedMapping(OutboxMapping):
         event_id = text(raw_id, columns.id, None)
         event_type = _required(row, self._event_type_at, columns.event_type, event_id)
         aggregate_type = _optional(row, self._aggregate_type_at, columns.aggregate_type, event_id)
-        headers: list[tuple[str, bytes]] = [
-            ("id", raw_id),
-            ("event_type", event_type),
-            ("aggregate_type", aggregate_type or b""),
-        ]
-        traceparent = None
-        if self._traceparent is not None or self._span_context is not None:
-            traceparent = self._read_traceparent(row)
-            if traceparent is not None:
-                headers.append(("traceparent", traceparent))
-        if self._headers is not None:
-            extra = row[self._headers]
-            if type(extra) is bytes:
-                headers.extend(_header_entries(extra, event_id))
+        headers, traceparent = self._first_headers(
+            row, raw_id, event_type, aggregate_type or b"", event_id
+        )
         for name, index in self._header_at:
             value = row[index]
             if type(value) is bytes:
@@ -223,12 +186,12 @@ class ShapedMapping(OutboxMapping):
         if self._columns.tombstone_on_empty_payload and (
             payload is None
             or payload == b""
-            or (payload == b"\\x" and self._payload_type == _BYTEA_OID)
+            or (payload == b"\\x" and self._payload_type == BYTEA_OID)
         ):
             return None
         payload = _required(row, self._payload_at, self._columns.payload, event_id)
         if self._shape is ValueShape.PAYLOAD:
-            if self._payload_type == _BYTEA_OID:
+            if self._payload_type == BYTEA_OID:
                 return bytea_bytes(payload, event_id)
             if self._payload_type not in JSON_OIDS and self._payload_type != 0:
                 check_json(payload, "payload", event_id)

@@ -31,6 +31,7 @@ _T = TypeVar("_T")
 WAIT_SLICE = 0.05  # seconds between the caller's duties while a topic is looked up or created
 
 
+# Publisher.ensure_topic's signature again, deliberately: the rules depend on this, not the adapter.
 class TopicAdmin(Protocol):
     """What the rules need of the Kafka adapter."""
 

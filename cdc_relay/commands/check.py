@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from cdc_relay.commands.output import print_line
@@ -53,21 +52,8 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
     run("connection", connection)
     if connected:
         with connected[0] as conn:
-            checks = Prerequisites(conn, settings)
-            run("server version", checks.server_version)
-            run("wal_level", checks.wal_level)
-            run("replication slots", checks.replication_slots)
-            run("wal senders", checks.wal_senders)
-            run("privileges", checks.privileges)
-            for table in settings.tables():
-                run(f"table {table.table}", partial(checks.table, table))
-            run("state table", checks.state_table)
-            run("publication", checks.publication)
-            run("slot", checks.slot)
-            run("messages", checks.messages)
-            run("leadership", checks.leadership)
-            run("failover", checks.failover)
-            run("wal2json", checks.wal2json)
+            for name, probe in Prerequisites(conn, settings).report():
+                run(name, probe)
     metadata: list[Any] = []
     run("broker", lambda: _broker(settings, metadata))
     if metadata:

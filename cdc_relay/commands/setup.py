@@ -127,7 +127,7 @@ class _Setup:
         exists = scalar(conn, "SELECT to_regprocedure(%s) IS NOT NULL", EMIT_SIGNATURE) is True
         checks = Prerequisites(conn, settings)
         try:
-            checks.messages()
+            checks.messages.messages()
             revoked = False
         except Unmet:
             revoked = True  # PUBLIC may emit now: this run revokes it
@@ -144,7 +144,7 @@ class _Setup:
         prefix = settings.message_prefix
         self.report(not exists, f"function {EMIT_SIGNATURE} (message prefix {prefix!r})")
         try:
-            found = checks.messages()
+            found = checks.messages.messages()
         except Unmet as exc:
             raise _SetupFailed(f"privileges on pg_logical_emit_message: {exc.fix}", 3) from None
         self.report(revoked, f"privileges on pg_logical_emit_message: not PUBLIC's; {found}")
@@ -169,7 +169,7 @@ class _Setup:
             self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
             return
         try:
-            Prerequisites(self.conn, settings).slot_kind(slot)
+            Prerequisites(self.conn, settings).slot.slot_kind(slot)
         except Unmet as exc:
             raise _SetupFailed(f"replication slot {name}: {exc.fix}", exc.error.exit_code) from None
         confirmed = format_lsn(slot.confirmed_flush or 0)

@@ -187,6 +187,7 @@ def _read_tuple_pure(buf: bytes, pos: int) -> tuple[TupleData, int]:
     return _read_tuple_checked(buf, start_pos)
 
 
+# The fast reader's loop again, deliberately: checking every bound there would slow each row.
 def _read_tuple_checked(buf: bytes, pos: int) -> tuple[TupleData, int]:
     """:func:`_read_tuple` with every bound checked: raises the precise error for bad input."""
     size = len(buf)

@@ -44,7 +44,7 @@ def plugin_options_for(settings: Settings) -> dict[str, str]:
 def decoder_for(settings: Settings) -> XLogDecoder:
     """A fresh decoder (decoders keep per-connection state) for one replication session."""
     # Each decoder is imported only when configured, and late: the relay sends START_REPLICATION
-    # before it loads the code that reads the answer (issue 17).
+    # before it loads the code that reads the answer (its import overlaps the wait for the answer).
     if settings.plugin is Plugin.WAL2JSON:
         from cdc_relay.decode.wal2json import Wal2JsonDecoder  # noqa: PLC0415
 

@@ -1,4 +1,4 @@
-"""How long after its launch the relay sent ``START_REPLICATION``: the start-up figure (issue 17).
+"""How long after its launch the relay sent ``START_REPLICATION``: the start-up figure.
 
 Measured from the process's real start, as the kernel recorded it (``/proc/self/stat`` field 22,
 the fork, before the interpreter even loaded), not from any moment inside Python: interpreter

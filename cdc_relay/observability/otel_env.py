@@ -1,7 +1,7 @@
 """Whether OpenTelemetry's standard variables ask for an OTLP exporter (metrics, traces).
 
 Kept apart from the modules that use the SDK, so that the relay can decide whether it needs the
-SDK at all without importing it (start-up time: issue 17).
+SDK at all without importing it (importing it costs start-up time).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 # OpenTelemetry's trace API, SDK and propagator: imported only when tracing is on (~0.05 s of
-# start-up otherwise spent for nothing, issue 17); what the span methods use, bound once.
+# start-up otherwise spent for nothing); what the span methods use, bound once.
 _otel: Any = None
 
 

@@ -124,7 +124,8 @@ class SourceDatabase:
         """Create the insert-only publication of the outbox tables if missing. True if created.
 
         Whether an existing one publishes what the relay needs is a prerequisite
-        (:meth:`cdc_relay.prerequisites.Prerequisites.publication_covers`), checked before."""
+        (:meth:`cdc_relay.prerequisites.publication.PublicationChecks.publication_covers`), checked
+        before."""
         exists = scalar(
             self._conn, "SELECT pubinsert FROM pg_publication WHERE pubname = %s", self._publication
         )

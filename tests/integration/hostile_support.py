@@ -13,7 +13,8 @@ import psycopg
 from psycopg import sql
 
 # table -> (id type, payload type, headers type); every payload type
-# prerequisites.PAYLOAD_TYPES accepts and every id type prerequisites.ID_TYPES accepts.
+# prerequisites.tables.PAYLOAD_TYPES accepts and every id type prerequisites.tables.ID_TYPES
+# accepts.
 TABLES = {
     "t_jsonb": ("uuid", "jsonb", "json"),
     "t_json": ("text", "json", "json"),

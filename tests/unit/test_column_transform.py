@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cdc_relay.column_json import expanded_renderer, renderer
 from cdc_relay.column_transform import MAX_INPUT, TransformError, compile_transform
-from cdc_relay.outbox import MalformedEvent
+from cdc_relay.value_text import MalformedEvent
 
 STREAM = r"([^:]+)::([^-]+)-(.*)"
 INT8, NUMERIC, FLOAT8, BOOL, JSONB, JSON, BYTEA, TEXT, TIMESTAMP = (

@@ -6,7 +6,8 @@ import orjson
 import pytest
 
 from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
-from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
+from cdc_relay.outbox import MessageMapping, OutboxMapping, OutboxRecord
+from cdc_relay.value_text import MalformedEvent
 
 TEXT, UUID, JSONB = 25, 2950, 3802
 TYPES = {"id": UUID, "payload": JSONB, "headers": JSONB}

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from cdc_relay.dead_letter import header_name_ok
 from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, Value
-from cdc_relay.outbox import MalformedEvent, MessageMapping, OutboxMapping, OutboxRecord
+from cdc_relay.outbox import MessageMapping, OutboxMapping, OutboxRecord
+from cdc_relay.value_text import MalformedEvent
 from tests.hostile_values import json_texts
 
 COLUMNS = (

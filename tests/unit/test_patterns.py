@@ -20,10 +20,11 @@ from cdc_relay.column_transform import compile_transform
 from cdc_relay.config import _LEGAL_TOPIC, load_settings
 from cdc_relay.decode.wal2json import _HEX
 from cdc_relay.errors import ConfigError
-from cdc_relay.outbox import _BYTEA_ESCAPE, _BYTEA_HEX, _SPACE
+from cdc_relay.outbox import _SPACE
 from cdc_relay.patterns import MAX_PROGRAM, PatternError, compile_pattern
 from cdc_relay.publisher import ProduceRefused
 from cdc_relay.topics import TopicRules
+from cdc_relay.value_text import _BYTEA_ESCAPE, _BYTEA_HEX
 
 REQUIRED = {"database_url": "postgresql://relay@db/app", "kafka_bootstrap_servers": "k:9092"}
 FAST = 0.25  # seconds: RE2 takes microseconds here; Python's re took seconds to forever

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from cdc_relay.config import OutboxColumns, OutboxTable, legal_topic, load_settings
 from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, TupleData, Value
 from cdc_relay.errors import ConfigError
-from cdc_relay.outbox import MalformedEvent, OutboxMapping, OutboxRecord
+from cdc_relay.outbox import OutboxMapping, OutboxRecord
 from cdc_relay.shaped_mapping import ShapedMapping, outbox_mapping
+from cdc_relay.value_text import MalformedEvent
 
 VARCHAR, TEXT, UUID, JSON, JSONB, BYTEA, INT4, BOOL, NUMERIC, TIMESTAMP = (
     1043,
