@@ -5,11 +5,13 @@ This module keeps the hot loop and nothing else of note: it dispatches decoded m
 Everything else is somebody else's answer, called from here:
 
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
-- what happens to a poison row: :mod:`cdc_relay.poison`;
+- which mapping a relation's inserts use: :mod:`cdc_relay.relations`;
+- what happens to a poison row, and to a delivery the broker refused: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
 - stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`;
 - which replayed events an earlier incarnation already got into Kafka: :mod:`cdc_relay.reconcile`
-  (every record carries its position header; an event found there is counted, not re-sent).
+  (every record carries its position header; an event found there is counted, not re-sent), and
+  where a topic's partitions end before the first record to it: :mod:`cdc_relay.partition_notes`.
 
 Its collaborators are typed as the small Protocols below (the replication stream, the Kafka
 sink, the position store), so the unit tests drive the loop with fakes (``tests/fakes.py``).
