@@ -439,6 +439,159 @@ def check_topic_template(value: str) -> str:
     return value
 
 
+# -- the rules of settings, each registered on Settings below (its validators); a rule over one
+# setting takes its value, a rule across settings takes the Settings.
+
+
+def _optional_condition(value: str | None) -> str | None:
+    return None if value is None else check_condition(value)
+
+
+def _check_duration(value: float, info: ValidationInfo) -> float:
+    bounds = DURATION_BOUNDS[str(info.field_name)]
+    if not bounds.admits(value):
+        raise ValueError(bounds.describe())
+    return value
+
+
+def _check_time_zone(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_+\-/:.]{1,64}", value):
+        raise ValueError("a time zone name such as UTC or Europe/Berlin")
+    return value
+
+
+def _check_allowlist(value: str | None) -> str | None:
+    if value is not None:
+        compile_pattern(value, capture=False)  # PatternError (a ValueError) says why not
+    return value
+
+
+def _read_secret_files(data: Any) -> Any:
+    """``*_FILE`` settings: read the files; the database URL comes from one place only."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    url_file = data.get("database_url_file")
+    if url_file:
+        if data.get("database_url"):
+            raise ConfigError(
+                f"invalid configuration: {env_name('database_url_file')}: set either it or "
+                f"{env_name('database_url')}, not both"
+            )
+        data["database_url"] = read_secret_file("database_url_file", url_file).strip()
+    props_file = data.get("kafka_producer_config_file")
+    if props_file:
+        from_file = parse_properties(read_secret_file("kafka_producer_config_file", props_file))
+        given = data.get("kafka_producer_config") or {}
+        if isinstance(given, str):
+            given = _json_object("kafka_producer_config", given)
+        if isinstance(given, dict):
+            data["kafka_producer_config"] = {**from_file, **given}
+    return data
+
+
+def _check_database_url(value: SecretStr) -> SecretStr:
+    database_url.parse(value.get_secret_value())  # InvalidDatabaseUrl never quotes it
+    return value
+
+
+def _check_dead_letter_topic(value: str) -> str:
+    if not legal_topic(value):
+        raise ValueError("Kafka allows 1-249 of [a-zA-Z0-9._-], not . or ..")
+    return value
+
+
+def _check_host(value: str) -> str:
+    if not value or re.search(r"[\s/@]", value):
+        raise ValueError("an IP address or host name")
+    return value
+
+
+def _check_prefix(value: str) -> str:
+    if not value or re.search(r"[,\s]", value):
+        raise ValueError("a non-empty prefix without commas or whitespace")
+    return value
+
+
+def _check_slot(value: str) -> str:
+    if not _SLOT_NAME.match(value):
+        raise ValueError("lower-case letters, digits and underscores, at most 63")
+    return value
+
+
+def _check_identifier(value: str) -> str:
+    if not _IDENTIFIER.match(value):
+        raise ValueError("expected a plain identifier")
+    return value
+
+
+def _check_level(value: str) -> str:
+    level = value.upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ValueError("one of DEBUG, INFO, WARNING, ERROR")
+    return level
+
+
+def _producer_properties(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    # JSON numbers and booleans are accepted; librdkafka takes every value as a string.
+    props = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    for key, forced in _ENFORCED_PRODUCER_PROPERTIES.items():
+        if key in props and props[key].lower() != forced:
+            raise ValueError(f"{key} must stay {forced}: ordering and no-loss depend on it")
+    return props
+
+
+def _lease_outlasts_renewals(settings: Settings) -> Settings:
+    if settings.leader_lease_timeout < 2 * settings.leader_renew_interval:
+        raise ValueError(
+            f"{env_name('leader_lease_timeout')} must be at least twice "
+            f"{env_name('leader_renew_interval')}: one late renewal must not lose the lease"
+        )
+    return settings
+
+
+def _topics_have_their_columns(settings: Settings) -> Settings:
+    for table in settings.tables():
+        columns = table.columns
+        template = table.topic_template or settings.topic_template
+        if (
+            columns.aggregate_type is None
+            and columns.topic_from is None
+            and needs_aggregate_type(template)
+        ):
+            field = "outbox_tables" if settings.outbox_tables else "outbox_columns"
+            raise ValueError(
+                f"{env_name(field)}: {table.table} has no aggregate_type column, but its topic "
+                "template uses {aggregate_type}: set topic_from or a template without it"
+            )
+    return settings
+
+
+def _retention_has_its_column(settings: Settings) -> Settings:
+    if settings.sweep_retention_seconds > 0:
+        lacking = [t.table for t in settings.tables() if t.columns.created_at is None]
+        if lacking:
+            raise ValueError(
+                f"{env_name('sweep_retention_seconds')}: retention needs a creation-time "
+                f"column, and {', '.join(lacking)} has none (set "
+                f'"created_at" in {env_name("outbox_columns")} / '
+                f"{env_name('outbox_tables')}, or set the retention to 0)"
+            )
+    return settings
+
+
+def _conditions_set_per_table(settings: Settings) -> Settings:
+    if settings.outbox_tables and (settings.outbox_row_filter or settings.sweep_condition):
+        raise ValueError(
+            f"{env_name('outbox_row_filter')} and {env_name('sweep_condition')} apply to "
+            f'{env_name("outbox_table")}: with {env_name("outbox_tables")} set "row_filter" '
+            'and "sweep_condition" per table'
+        )
+    return settings
+
+
 class Settings(BaseSettings):
     """All of cdc-relay's settings. Field docs double as ``--help`` text and README rows."""
 
@@ -683,179 +836,29 @@ class Settings(BaseSettings):
         ),
     )
 
-    @model_validator(mode="after")
-    def _lease(self) -> Settings:
-        if self.leader_lease_timeout < 2 * self.leader_renew_interval:
-            raise ValueError(
-                f"{env_name('leader_lease_timeout')} must be at least twice "
-                f"{env_name('leader_renew_interval')}: one late renewal must not lose the lease"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _topics_need(self) -> Settings:
-        for table in self.tables():
-            columns = table.columns
-            template = table.topic_template or self.topic_template
-            if (
-                columns.aggregate_type is None
-                and columns.topic_from is None
-                and needs_aggregate_type(template)
-            ):
-                field = "outbox_tables" if self.outbox_tables else "outbox_columns"
-                raise ValueError(
-                    f"{env_name(field)}: {table.table} has no aggregate_type column, but its topic "
-                    "template uses {aggregate_type}: set topic_from or a template without it"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _retention_needs_created_at(self) -> Settings:
-        if self.sweep_retention_seconds > 0:
-            lacking = [t.table for t in self.tables() if t.columns.created_at is None]
-            if lacking:
-                raise ValueError(
-                    f"{env_name('sweep_retention_seconds')}: retention needs a creation-time "
-                    f"column, and {', '.join(lacking)} has none (set "
-                    f'"created_at" in {env_name("outbox_columns")} / '
-                    f"{env_name('outbox_tables')}, or set the retention to 0)"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _conditions_per_table(self) -> Settings:
-        if self.outbox_tables and (self.outbox_row_filter or self.sweep_condition):
-            raise ValueError(
-                f"{env_name('outbox_row_filter')} and {env_name('sweep_condition')} apply to "
-                f'{env_name("outbox_table")}: with {env_name("outbox_tables")} set "row_filter" '
-                'and "sweep_condition" per table'
-            )
-        return self
-
-    @field_validator("outbox_row_filter", "sweep_condition")
-    @classmethod
-    def _condition(cls, value: str | None) -> str | None:
-        return None if value is None else check_condition(value)
-
-    @field_validator(*DURATION_BOUNDS)
-    @classmethod
-    def _duration(cls, value: float, info: ValidationInfo) -> float:
-        bounds = DURATION_BOUNDS[str(info.field_name)]
-        if not bounds.admits(value):
-            raise ValueError(bounds.describe())
-        return value
-
-    @field_validator("sweep_time_zone")
-    @classmethod
-    def _time_zone(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_+\-/:.]{1,64}", value):
-            raise ValueError("a time zone name such as UTC or Europe/Berlin")
-        return value
-
-    @field_validator("topic_allowlist")
-    @classmethod
-    def _allowlist(cls, value: str | None) -> str | None:
-        if value is not None:
-            compile_pattern(value, capture=False)  # PatternError (a ValueError) says why not
-        return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets_from_files(cls, data: Any) -> Any:
-        """``*_FILE`` settings: read the files; the database URL comes from one place only."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        url_file = data.get("database_url_file")
-        if url_file:
-            if data.get("database_url"):
-                raise ConfigError(
-                    f"invalid configuration: {env_name('database_url_file')}: set either it or "
-                    f"{env_name('database_url')}, not both"
-                )
-            data["database_url"] = read_secret_file("database_url_file", url_file).strip()
-        props_file = data.get("kafka_producer_config_file")
-        if props_file:
-            from_file = parse_properties(read_secret_file("kafka_producer_config_file", props_file))
-            given = data.get("kafka_producer_config") or {}
-            if isinstance(given, str):
-                given = _json_object("kafka_producer_config", given)
-            if isinstance(given, dict):
-                data["kafka_producer_config"] = {**from_file, **given}
-        return data
-
-    @field_validator("database_url")
-    @classmethod
-    def _database_url(cls, value: SecretStr) -> SecretStr:
-        database_url.parse(value.get_secret_value())  # InvalidDatabaseUrl never quotes it
-        return value
-
-    @field_validator("outbox_table")
-    @classmethod
-    def _qualified_table(cls, value: str) -> str:
-        return qualify_table(value)
-
-    @field_validator("dead_letter_topic")
-    @classmethod
-    def _dead_letter_topic(cls, value: str) -> str:
-        if not legal_topic(value):
-            raise ValueError("Kafka allows 1-249 of [a-zA-Z0-9._-], not . or ..")
-        return value
-
-    @field_validator("http_host")
-    @classmethod
-    def _host(cls, value: str) -> str:
-        if not value or re.search(r"[\s/@]", value):
-            raise ValueError("an IP address or host name")
-        return value
-
-    @field_validator("message_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not value or re.search(r"[,\s]", value):
-            raise ValueError("a non-empty prefix without commas or whitespace")
-        return value
-
-    @field_validator("slot_name")
-    @classmethod
-    def _slot(cls, value: str) -> str:
-        if not _SLOT_NAME.match(value):
-            raise ValueError("lower-case letters, digits and underscores, at most 63")
-        return value
-
-    @field_validator("publication_name", "state_schema", "traceparent_column")
-    @classmethod
-    def _identifier(cls, value: str) -> str:
-        if not _IDENTIFIER.match(value):
-            raise ValueError("expected a plain identifier")
-        return value
-
-    @field_validator("topic_template")
-    @classmethod
-    def _template(cls, value: str) -> str:
-        return check_topic_template(value)
-
-    @field_validator("log_level")
-    @classmethod
-    def _level(cls, value: str) -> str:
-        level = value.upper()
-        if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-            raise ValueError("one of DEBUG, INFO, WARNING, ERROR")
-        return level
-
-    @field_validator("kafka_producer_config", mode="before")
-    @classmethod
-    def _producer_config(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        # JSON numbers and booleans are accepted; librdkafka takes every value as a string.
-        props = {
-            str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()
-        }
-        for key, forced in _ENFORCED_PRODUCER_PROPERTIES.items():
-            if key in props and props[key].lower() != forced:
-                raise ValueError(f"{key} must stay {forced}: ordering and no-loss depend on it")
-        return props
+    # The rules (functions above the class), in the order they run. Each setting's own:
+    _secrets_from_files = model_validator(mode="before")(_read_secret_files)
+    _condition = field_validator("outbox_row_filter", "sweep_condition")(_optional_condition)
+    _duration = field_validator(*DURATION_BOUNDS)(_check_duration)
+    _time_zone = field_validator("sweep_time_zone")(_check_time_zone)
+    _allowlist = field_validator("topic_allowlist")(_check_allowlist)
+    _database_url = field_validator("database_url")(_check_database_url)
+    _qualified_table = field_validator("outbox_table")(qualify_table)
+    _dead_letter_topic = field_validator("dead_letter_topic")(_check_dead_letter_topic)
+    _host = field_validator("http_host")(_check_host)
+    _prefix = field_validator("message_prefix")(_check_prefix)
+    _slot = field_validator("slot_name")(_check_slot)
+    _identifier = field_validator("publication_name", "state_schema", "traceparent_column")(
+        _check_identifier
+    )
+    _template = field_validator("topic_template")(check_topic_template)
+    _level = field_validator("log_level")(_check_level)
+    _producer_config = field_validator("kafka_producer_config", mode="before")(_producer_properties)
+    # Across settings, once each has passed its own:
+    _lease = model_validator(mode="after")(_lease_outlasts_renewals)
+    _topics_need = model_validator(mode="after")(_topics_have_their_columns)
+    _retention_needs_created_at = model_validator(mode="after")(_retention_has_its_column)
+    _conditions_per_table = model_validator(mode="after")(_conditions_set_per_table)
 
     def __repr_args__(self) -> Any:
         # repr()/str() must be as safe to log as describe(): mask credential properties.

@@ -177,6 +177,17 @@ class PoisonPolicyHandler:
             self._topic_ready = True
         self._send(txn, refused.table, letter)
 
+    def delivery_failed(self, failure: DeliveryFailure) -> None:
+        """A delivery the broker refused: the session ends on a transient refusal (SinkUnavailable,
+        the relay retries), a permanent one is the record's poison policy."""
+        if not failure.permanent:
+            if failure.dead_letter:
+                raise SinkUnavailable(
+                    f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
+                )
+            raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
+        self.refused_delivery(failure)
+
     def refused_delivery(self, failure: DeliveryFailure) -> None:
         """The broker refused a record permanently after it was produced."""
         failure.txn.refused()

@@ -5,11 +5,13 @@ This module keeps the hot loop and nothing else of note: it dispatches decoded m
 Everything else is somebody else's answer, called from here:
 
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
-- what happens to a poison row: :mod:`cdc_relay.poison`;
+- which mapping a relation's inserts use: :mod:`cdc_relay.relations`;
+- what happens to a poison row, and to a delivery the broker refused: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
 - stalls, heartbeats, retained WAL, progress lines: :mod:`cdc_relay.monitors`;
 - which replayed events an earlier incarnation already got into Kafka: :mod:`cdc_relay.reconcile`
-  (every record carries its position header; an event found there is counted, not re-sent).
+  (every record carries its position header; an event found there is counted, not re-sent), and
+  where a topic's partitions end before the first record to it: :mod:`cdc_relay.partition_notes`.
 
 Its collaborators are typed as the small Protocols below (the replication stream, the Kafka
 sink, the position store), so the unit tests drive the loop with fakes (``tests/fakes.py``).
@@ -39,13 +41,11 @@ from cdc_relay.decode.messages import (
     LogicalMessage,
     Relation,
     StreamStart,
-    TupleData,
 )
 from cdc_relay.errors import (
     ProtocolError,
     RelayError,
     SinkUnavailable,
-    SourceUnavailable,
     StopSession,
 )
 from cdc_relay.logs import cut
@@ -54,17 +54,18 @@ from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MessageMapping, OutboxMapping
+from cdc_relay.partition_notes import PartitionNotes
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
-    DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
     TransactionCallback,
     refusal,
 )
 from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
+from cdc_relay.relations import Relations
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
     KEEPALIVE_SIZE,
@@ -74,8 +75,7 @@ from cdc_relay.replication.protocol import (
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
-from cdc_relay.shaped_mapping import outbox_mapping
-from cdc_relay.topics import TopicAdmin, TopicRules, in_background, wait_serving
+from cdc_relay.topics import TopicAdmin, TopicRules
 from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
@@ -168,8 +168,8 @@ class Session:
         self.store = store
         self.slot_name = settings.slot_name
         # Partitions without an acknowledged offset: where they ended before the first write.
-        self.noted: dict[tuple[str, int], int] | None = (
-            dict(noted or {}) if settings.reconcile else None
+        self.notes = (
+            PartitionNotes(noted, store, sink, self.confirmer) if settings.reconcile else None
         )
         # Events of the replayed window already in Kafka; None once the stream is past them.
         self.in_kafka: Reconciliation | None = (
@@ -177,7 +177,6 @@ class Session:
         )
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
-        self.noted_topics: set[str] = set()  # topics whose partitions this session noted
         self.poison = PoisonPolicyHandler(
             settings,
             sink,
@@ -186,18 +185,14 @@ class Session:
             fail=owner.fail,
         )
         self.decode = decoder_for(settings)
-        self.tables = {table.schema_and_name: table for table in settings.tables()}
+        self.relations = Relations(settings)
         self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
         # The prefix of the messages relayed; None while they are off (no prefix equals it).
         self.message_prefix: str | None = settings.message_prefix if settings.messages else None
-        self.dropped_message_logged = False
-        self.mappings: dict[int, OutboxMapping] = {}
-        # Tables with a row filter: off the hot path, each row tested first (None: the relation
-        # lacks a filter column, so its rows cannot be told apart and are refused).
-        self.filtered: dict[int, tuple[OutboxMapping, Callable[[TupleData], bool] | None]] = {}
+        self.mappings = self.relations.mappings  # filled by Relations, read per insert
+        self.filtered = self.relations.filtered
         # The last filtered row's transaction, table and delivery callback (one per transaction).
         self.filtered_callback: tuple[PendingTransaction, str, TransactionCallback] | None = None
-        self.ignored_relations: set[int] = set()
         now = time.monotonic()
         self.last_housekeeping = now
         self.stall = DeliveryStall(settings.delivery_stall_timeout, stats, now)
@@ -270,7 +265,7 @@ class Session:
                         wal_end = int.from_bytes(data[XLOG_WAL_END], "big")
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
                     elif isinstance(message, Relation):
-                        self.on_relation(message)
+                        self.relations.on_relation(message)
                     elif isinstance(message, LogicalMessage):
                         if (
                             message.transactional
@@ -282,7 +277,7 @@ class Session:
                                 callback_table = self.messages.table
                             self.publish(self.messages, message.content, txn, callback)
                         elif message.prefix == self.messages.prefix:
-                            self.dropped_message(message)
+                            self.relations.dropped_message(message)
                     elif isinstance(message, StreamStart):
                         raise ProtocolError("received a streamed transaction, but streaming is off")
                     # Origin, Type, Update, Delete, Truncate: nothing to relay.
@@ -305,39 +300,6 @@ class Session:
             else:
                 raise ProtocolError(f"unknown replication message type {kind:#04x}")
 
-    def on_relation(self, relation: Relation) -> None:
-        table = self.tables.get((relation.namespace, relation.name))
-        self.filtered.pop(relation.relation_id, None)
-        if table is None:
-            self.mappings.pop(relation.relation_id, None)
-            return
-        mapping = outbox_mapping(
-            relation,
-            table.topic_template or self.settings.topic_template,
-            self.settings.traceparent_column,
-            table.columns,
-        )
-        if mapping.missing:
-            log.error(
-                "outbox table lacks required columns; its rows will be dead-lettered",
-                extra={"fields": {"table": mapping.table, "missing": ",".join(mapping.missing)}},
-            )
-        condition = table.filter
-        if condition is None:
-            self.mappings[relation.relation_id] = mapping
-            return
-        self.mappings.pop(relation.relation_id, None)
-        positions = {column.name: i for i, column in enumerate(relation.columns)}
-        try:
-            accepts: Callable[[TupleData], bool] | None = condition.matcher(positions)
-        except KeyError:
-            accepts = None
-            log.error(
-                "outbox table lacks a column of its row filter; its rows will be dead-lettered",
-                extra={"fields": {"table": mapping.table, "filter": str(condition)}},
-            )
-        self.filtered[relation.relation_id] = (mapping, accepts)
-
     def unmapped_insert(self, message: Insert, txn: PendingTransaction | None) -> None:
         """An insert the hot path has no mapping for: a row of a filtered outbox table, relayed
         when it matches the filter (the publication's filter already left out most others, but
@@ -345,7 +307,7 @@ class Session:
         of another relation, ignored."""
         entry = self.filtered.get(message.relation_id)
         if entry is None or txn is None:
-            self.ignore(message.relation_id)
+            self.relations.ignore(message.relation_id)
             return
         mapping, accepts = entry
         if accepts is None:
@@ -364,34 +326,6 @@ class Session:
                 cached = (txn, mapping.table, self.tracker.callback(txn, mapping.table))
                 self.filtered_callback = cached
             self.publish(mapping, message.new, txn, cached[2])
-
-    def dropped_message(self, message: LogicalMessage) -> None:
-        """A message with the relayed prefix while messages are off (wal2json cannot be asked
-        for none): dropped, and said once per session — any role may emit one."""
-        if (
-            self.message_prefix is None
-            and message.transactional
-            and not self.dropped_message_logged
-        ):
-            self.dropped_message_logged = True
-            log.warning(
-                "dropped a table-less message: CDC_RELAY_MESSAGES is off",
-                extra={
-                    "fields": {
-                        "prefix": message.prefix,
-                        "fix": "set CDC_RELAY_MESSAGES=true to relay them (see the README's "
-                        "'No table at all')",
-                    }
-                },
-            )
-
-    def ignore(self, relation_id: int) -> None:
-        if relation_id not in self.ignored_relations:
-            self.ignored_relations.add(relation_id)
-            log.warning(
-                "ignoring inserts of a relation that is not the outbox table",
-                extra={"fields": {"relation_id": relation_id}},
-            )
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -511,41 +445,9 @@ class Session:
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
         self.topic_rules.ensure(self.sink, topic, event=event, serve=self.serve_while_waiting)
-        if self.noted is not None:
-            self.note_partitions(topic)
+        if self.notes is not None:
+            self.notes.note(topic, self.serve_while_waiting)
         self.known_topics.add(topic)
-
-    def note_partitions(self, topic: str) -> None:
-        """Before the first record to ``topic``: note where its partitions without an
-        acknowledged offset end, so that a start after a crash reads them back from there
-        (:mod:`cdc_relay.reconcile`). Failing costs duplicates only, so it is not fatal."""
-        assert self.noted is not None
-        # Only an offset in the position record replaces a note: one acknowledged since (in
-        # memory) is lost with a crash, and without its note the partition would not be read.
-        recorded = self.confirmer.recorded_partitions
-        if topic in self.noted_topics:
-            return
-        try:
-            ends = wait_serving(
-                in_background(self.sink.partition_ends, topic), self.serve_while_waiting
-            )
-            noted = {key: value for key, value in self.noted.items() if key not in recorded}
-            # An existing note stays: the records of an earlier incarnation may follow it.
-            noted.update(
-                ((topic, p), end)
-                for p, end in ends.items()
-                if (topic, p) not in recorded and (topic, p) not in noted
-            )
-            if noted != self.noted:
-                self.store.note_written_from(noted)
-                self.noted = noted
-        except (SinkUnavailable, SourceUnavailable) as exc:
-            log.warning(
-                "cannot note where the topic's partitions end: after a crash, its records "
-                "may be published twice",
-                extra={"fields": {"topic": topic, "error": str(exc)}},
-            )
-        self.noted_topics.add(topic)
 
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""
@@ -561,16 +463,7 @@ class Session:
 
     def handle_failures(self) -> None:
         for failure in self.tracker.take_failures():
-            self.on_failure(failure)
-
-    def on_failure(self, failure: DeliveryFailure) -> None:
-        if not failure.permanent:
-            if failure.dead_letter:
-                raise SinkUnavailable(
-                    f"the dead-letter topic {failure.topic!r} refused a record: {failure.reason}"
-                )
-            raise SinkUnavailable(f"delivery to {failure.topic!r} failed: {failure.reason}")
-        self.poison.refused_delivery(failure)
+            self.poison.delivery_failed(failure)
 
     def stop_now(self) -> bool:
         """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""

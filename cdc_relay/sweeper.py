@@ -74,8 +74,15 @@ from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
-from cdc_relay.replication.source import connect, relation_oid
+from cdc_relay.replication.source import connect
 from cdc_relay.row_key import key_types, resolve_row_key
+from cdc_relay.sweep_queries import (
+    delete_batch,
+    live_rows,
+    published_tables,
+    retention,
+    select_page,
+)
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +349,7 @@ class Sweeper:
         position = record.stamp.position if record is not None and record.stamp else None
         boundary = record.sweep_from_xid if record is not None else None
         result.position = position
-        published = self._published_tables(conn)
+        published = published_tables(conn, self.settings.publication_name)
         refused = self._refused(conn, record) if position is not None else {}
         for state in self._tables:
             table = state.table.table
@@ -431,33 +438,9 @@ class Sweeper:
     def _delete(
         self, conn: Connection, state: _TableState, batch: Candidates, boundary: int
     ) -> tuple[object, ...]:
-        """One short transaction (autocommit): delete the batch, return the keys deleted (a value
-        per row for a one-column key, a tuple for a longer one). Only rows of transactions at or
-        after ``boundary``, the sweep boundary read with the position that covers the batch."""
-        key = [sql.Identifier(c) for c in state.key]
-        table = sql.Identifier(*state.table.schema_and_name)
-        returning = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
-        if len(key) == 1:
-            match = sql.SQL("t.{} = ANY(%s)").format(key[0])
-            params: list[object] = [list(batch.ids)]
-        else:
-            # One array per key column, each of the types psycopg read them as.
-            match = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
-                returning,
-                sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in state.key_types),
-            )
-            params = [[row[i] for row in batch.ids] for i in range(len(key))]  # type: ignore[index]
-        match = sql.SQL("{} AND age(t.xmin) <= age(%s::text::xid)").format(match)
-        params.append(str(boundary & 0xFFFFFFFF))
-        if state.condition is not None:
-            match = sql.SQL("{} AND {}").format(match, state.condition)
-        statement = sql.SQL("DELETE FROM {} AS t WHERE {} RETURNING {}").format(
-            table, match, returning
-        )
-        rows = conn.execute(statement, params).fetchall()
-        if len(key) == 1:
-            return tuple(row[0] for row in rows)
-        return tuple(tuple(row) for row in rows)
+        """Phase 2 for one batch: only rows of transactions at or after ``boundary``, the sweep
+        boundary read with the position that covers the batch."""
+        return delete_batch(conn, state, batch.ids, boundary)
 
     def _select(self, conn: Connection, state: _TableState, boundary: int | None) -> None:
         """Phase 1: pages of candidates, each with its own fence, up to the per-table cap."""
@@ -465,86 +448,22 @@ class Sweeper:
         state.unselected = 0
         if boundary is None:
             return  # no slot recorded yet: nothing is known to be published
-        created_at = self._created_at(conn, table)
+        created_at = (
+            retention(conn, table, self.retention, self.settings.sweep_time_zone)
+            if self.retention > 0
+            else None
+        )
         after: object = None
         while state.queue.rows < MAX_CANDIDATES_PER_TABLE and not self._stopping():
-            fence, ids = self._select_page(conn, state, after, boundary, created_at)
+            fence, ids = select_page(
+                conn, state, after, boundary, created_at=created_at, limit=self.batch_size
+            )
             state.queue.add(fence, ids)
             if len(ids) < self.batch_size:
                 return
             after = ids[-1]
         # Capped: estimate what is left for later passes (statistics, may lag).
-        row = conn.execute(
-            "SELECT greatest(n_live_tup, 0) FROM pg_stat_user_tables WHERE relid = %s",
-            (relation_oid(conn, table),),
-        ).fetchone()
-        live = int(str(row[0])) if row and row[0] is not None else 0
-        state.unselected = max(live - state.queue.rows, 0)
-
-    def _created_at(self, conn: Connection, table: OutboxTable) -> sql.Composable | None:
-        """The retention condition's left side, read as an absolute time; None: no retention."""
-        if self.retention <= 0:
-            return None
-        assert table.columns.created_at is not None  # checked in __init__
-        column = sql.Identifier(table.columns.created_at)
-        row = conn.execute(
-            "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = %s "
-            "AND attname = %s AND NOT attisdropped",
-            (relation_oid(conn, table), table.columns.created_at),
-        ).fetchone()
-        cutoff = sql.SQL("now() - make_interval(secs => {})").format(sql.Literal(self.retention))
-        if row is not None and row[0] in ("timestamp without time zone", "date"):
-            # The cutoff as a wall-clock time in the column's zone: the column itself is
-            # compared as stored, so an index on it still serves.
-            zone = sql.Literal(self.settings.sweep_time_zone)
-            return sql.SQL("{} < ({}) AT TIME ZONE {}").format(column, cutoff, zone)
-        return sql.SQL("{} < {}").format(column, cutoff)
-
-    def _select_page(
-        self,
-        conn: Connection,
-        state: _TableState,
-        after: object,
-        boundary: int,
-        created_at: sql.Composable | None,
-    ) -> tuple[int, list[object]]:
-        key = [sql.Identifier(c) for c in state.key]
-        columns = sql.SQL(", ").join(key)
-        # Only rows of transactions the slot is sure to have streamed (see
-        # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
-        # wraparound, and a frozen xmin has the greatest age, so it is never taken.
-        conditions: list[sql.Composable] = [sql.SQL("age(xmin) <= age(%s::text::xid)")]
-        params: list[object] = [str(boundary & 0xFFFFFFFF)]
-        if after is not None:
-            after_values = list(after) if len(key) > 1 else [after]  # type: ignore[call-overload]
-            conditions.append(
-                sql.SQL("({}) > ({})").format(
-                    columns, sql.SQL(", ").join(sql.SQL("%s") for _ in key)
-                )
-            )
-            params.extend(after_values)
-        if created_at is not None:
-            conditions.append(created_at)
-        if state.condition is not None:
-            conditions.append(state.condition)
-        # One statement: its snapshot precedes the fence, which it reads once per row returned
-        # (each reading is after the snapshot, so the lowest will do).
-        statement = sql.SQL(
-            "SELECT pg_current_wal_insert_lsn()::text, {columns} FROM {table} "
-            "WHERE {where} ORDER BY {columns} LIMIT %s"
-        ).format(
-            columns=columns,
-            table=sql.Identifier(*state.table.schema_and_name),
-            where=sql.SQL(" AND ").join(conditions),
-        )
-        params.append(self.batch_size)
-        rows = conn.execute(statement, params).fetchall()
-        if not rows:
-            return 0, []
-        fence = min(parse_lsn(str(row[0])) for row in rows)
-        if len(key) == 1:
-            return fence, [row[1] for row in rows]
-        return fence, [tuple(row[1:]) for row in rows]
+        state.unselected = max(live_rows(conn, table) - state.queue.rows, 0)
 
     # -- what the relay has published --------------------------------------------------------
 
@@ -601,15 +520,6 @@ class Sweeper:
                     f"row filter is {mine}: the relay sets the publication's at its start",
                 )
         return refused
-
-    def _published_tables(self, conn: Connection) -> set[str]:
-        rows = conn.execute(
-            "SELECT t.schemaname || '.' || t.tablename FROM pg_publication_tables t "
-            "JOIN pg_publication p ON p.pubname = t.pubname "
-            "WHERE t.pubname = %s AND p.pubinsert",
-            (self.settings.publication_name,),
-        ).fetchall()
-        return {str(r[0]) for r in rows}
 
     # -- plumbing ----------------------------------------------------------------------------
 

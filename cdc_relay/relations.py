@@ -1,0 +1,94 @@
+"""Which outbox mapping each relation of the replication stream uses, and what is not relayed.
+
+The stream announces a relation (a table) before its first row in a session, and again after its
+shape changes. This module answers, from the settings' outbox tables, what its inserts become:
+a mapping the session's hot loop looks up by relation id (:attr:`Relations.mappings`), or, for a
+table with a row filter, a mapping with the filter's test that the session applies to each row
+first (:attr:`Relations.filtered`). Inserts of any other relation, and table-less messages with
+the relayed prefix while messages are off, are not relayed: said once per session each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from cdc_relay.config import Settings
+from cdc_relay.decode.messages import LogicalMessage, Relation, TupleData
+from cdc_relay.outbox import OutboxMapping
+from cdc_relay.shaped_mapping import outbox_mapping
+
+# Said as the session that meets them: the logger name is what operators filter on.
+log = logging.getLogger("cdc_relay.session")
+
+
+class Relations:
+    """One session's relations: their mappings (the session reads the dicts, this fills them)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tables = {table.schema_and_name: table for table in settings.tables()}
+        self.mappings: dict[int, OutboxMapping] = {}
+        # Tables with a row filter: off the hot path, each row tested first (None: the relation
+        # lacks a filter column, so its rows cannot be told apart and are refused).
+        self.filtered: dict[int, tuple[OutboxMapping, Callable[[TupleData], bool] | None]] = {}
+        self.ignored: set[int] = set()
+        self.messages_off = not settings.messages
+        self.dropped_message_logged = False
+
+    def on_relation(self, relation: Relation) -> None:
+        table = self.tables.get((relation.namespace, relation.name))
+        self.filtered.pop(relation.relation_id, None)
+        if table is None:
+            self.mappings.pop(relation.relation_id, None)
+            return
+        mapping = outbox_mapping(
+            relation,
+            table.topic_template or self.settings.topic_template,
+            self.settings.traceparent_column,
+            table.columns,
+        )
+        if mapping.missing:
+            log.error(
+                "outbox table lacks required columns; its rows will be dead-lettered",
+                extra={"fields": {"table": mapping.table, "missing": ",".join(mapping.missing)}},
+            )
+        condition = table.filter
+        if condition is None:
+            self.mappings[relation.relation_id] = mapping
+            return
+        self.mappings.pop(relation.relation_id, None)
+        positions = {column.name: i for i, column in enumerate(relation.columns)}
+        try:
+            accepts: Callable[[TupleData], bool] | None = condition.matcher(positions)
+        except KeyError:
+            accepts = None
+            log.error(
+                "outbox table lacks a column of its row filter; its rows will be dead-lettered",
+                extra={"fields": {"table": mapping.table, "filter": str(condition)}},
+            )
+        self.filtered[relation.relation_id] = (mapping, accepts)
+
+    def ignore(self, relation_id: int) -> None:
+        if relation_id not in self.ignored:
+            self.ignored.add(relation_id)
+            log.warning(
+                "ignoring inserts of a relation that is not the outbox table",
+                extra={"fields": {"relation_id": relation_id}},
+            )
+
+    def dropped_message(self, message: LogicalMessage) -> None:
+        """A message with the relayed prefix while messages are off (wal2json cannot be asked
+        for none): dropped, and said once per session — any role may emit one."""
+        if self.messages_off and message.transactional and not self.dropped_message_logged:
+            self.dropped_message_logged = True
+            log.warning(
+                "dropped a table-less message: CDC_RELAY_MESSAGES is off",
+                extra={
+                    "fields": {
+                        "prefix": message.prefix,
+                        "fix": "set CDC_RELAY_MESSAGES=true to relay them (see the README's "
+                        "'No table at all')",
+                    }
+                },
+            )
