@@ -30,10 +30,12 @@ from cdc_relay.config import (
     SWEEP_WAIT_BOUNDS,
     Settings,
     check_producer_config,
+    configured_names,
     env_name,
     is_secret_property,
     load_settings,
     property_flags,
+    unknown_variables,
 )
 from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
@@ -212,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cdc-relay: {exc}", file=sys.stderr)
         return exc.exit_code
     configure(settings.log_level, settings.log_format.value)
+    if args.command != "check":  # check reports them as a failed check of its own
+        for line in unknown_variables(configured_names()):
+            log.warning(line)
     if args.command == "status":
         from cdc_relay.commands.status import main as status_main  # noqa: PLC0415 - only for this command
 

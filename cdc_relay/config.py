@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import string
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -912,6 +913,57 @@ class Settings(BaseSettings):
 
 def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
+
+
+# CDC_RELAY_ variables the project reads that are not settings: the build's switches (setup.py,
+# _hot_path.py) and the test suite's services (README: Development).
+NOT_SETTINGS = frozenset(
+    {
+        "CDC_RELAY_COMPILE",
+        "CDC_RELAY_PURE_PYTHON",
+        "CDC_RELAY_EXPECT_COMPILED",
+        "CDC_RELAY_POSTGRES_BINDIR",
+        "CDC_RELAY_TEST_DATABASE_URL",
+        "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS",
+        "CDC_RELAY_BENCH_PEER_PYTHON",
+    }
+)
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """One line per ``CDC_RELAY_*`` name that no setting reads, naming the closest setting.
+
+    pydantic-settings ignores such a name, so a misspelt setting would silently keep its default
+    (``CDC_RELAY_SWEEP_CONDITON`` sweeps without the condition). Names are compared as the
+    settings read them, case-insensitively.
+    """
+    known = sorted(env_name(field) for field in Settings.model_fields)
+    lines = []
+    for name in sorted(set(names)):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in NOT_SETTINGS:
+            continue
+        import difflib  # noqa: PLC0415 - only for a name that is not a setting
+
+        # Compared without the prefix, which every name shares and would make any two alike.
+        suffixes = [name.removeprefix(ENV_PREFIX) for name in known]
+        close = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        lines.append(f"{name} is not a setting and is ignored{hint}")
+    return lines
+
+
+def configured_names(path: Path = Path(".env")) -> list[str]:
+    """The variable names the settings come from: the environment's and ``.env``'s."""
+    names = list(os.environ)
+    try:
+        if path.is_file():
+            from dotenv import dotenv_values  # noqa: PLC0415 - pydantic-settings' own reader
+
+            names.extend(dotenv_values(path))
+    except (OSError, ValueError):
+        pass  # load_settings has refused an unreadable .env already
+    return names
 
 
 __all__ = ["redact_url"]  # re-exported: callers print the URL through config's redaction

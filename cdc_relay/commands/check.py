@@ -13,7 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_relay.commands.output import print_line
-from cdc_relay.config import MissingTopics, Settings, redact_url
+from cdc_relay.config import (
+    MissingTopics,
+    Settings,
+    configured_names,
+    redact_url,
+    unknown_variables,
+)
 from cdc_relay.patterns import compile_pattern
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config
@@ -49,6 +55,7 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
         user = scalar(connected[0], "SELECT current_user")
         return f"{redact_url(settings.database_url.get_secret_value())} as {user}"
 
+    run("settings", _settings)
     run("connection", connection)
     if connected:
         with connected[0] as conn:
@@ -59,6 +66,13 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
     if metadata:
         run("topics", lambda: _topics(settings, metadata[0]))
     return lines
+
+
+def _settings() -> str:
+    unknown = unknown_variables(configured_names())
+    if unknown:
+        raise Unmet("; ".join(unknown))
+    return "every CDC_RELAY_* variable set is a setting"
 
 
 def _broker(settings: Settings, metadata: list[Any]) -> str:

@@ -226,6 +226,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     lines = lines_of(result)
     assert all(line.startswith("ok   ") for line in lines.values()), result.stdout
     expected = {
+        "settings",
         "connection",
         "server version",
         "wal_level",
@@ -251,6 +252,23 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     assert lines["messages"].startswith("ok   messages: off (CDC_RELAY_MESSAGES)")
     # Failover slots came with PostgreSQL 17: before, check says what a failover does.
     assert "failover slot" in lines["failover"] or "has no failover slots" in lines["failover"]
+
+
+def test_a_misspelt_setting_is_named_by_every_command_and_fails_check(
+    env: dict[str, str],
+) -> None:
+    typo = {"CDC_RELAY_SWEEP_CONDITON": "status = 'published'"}
+    setup = cdc_relay({**env, **typo}, "setup", "--create-outbox")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    warning = (
+        "CDC_RELAY_SWEEP_CONDITON is not a setting and is ignored; "
+        "did you mean CDC_RELAY_SWEEP_CONDITION?"
+    )
+    assert warning in setup.stderr
+    result = cdc_relay({**env, **typo}, "check")
+    assert result.returncode == 1, result.stdout
+    assert failed(result) == {"settings": f"FAIL settings: {warning}"}
+    assert "settings" not in failed(cdc_relay(env, "check"))
 
 
 @pytest.fixture
