@@ -19,6 +19,7 @@ from cdc_relay.local import LocalBroker
 from cdc_relay.reconcile import POSITION_HEADER
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
+    Event,
     RelayProcess,
     create_outbox,
     insert_events,
@@ -403,6 +404,32 @@ def test_other_producers_large_records_in_the_window_cost_the_start_no_memory(
     assert peak < 100, f"the read-back kept other producers' records: peak RSS {peak:.0f} MiB"
 
 
+def _crash_in_a_window_then_restart(
+    env: dict[str, str], database: str, broker: KafkaBroker, topic: str
+) -> tuple[list[Event], list[Record], str]:
+    """A run delivers ten events to ``topic`` (which holds one already), confirms none and is
+    killed; the next run reads back and is stopped. The window, what ``topic`` holds, its logs."""
+    window = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
+    relay = RelayProcess(
+        {**env, "CDC_RELAY_CONFIRM_INTERVAL": "3600", "CDC_RELAY_IDLE_CONFIRM_INTERVAL": "3600"}
+    ).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [window])
+        consume_all(broker.bootstrap_servers, [topic], 1 + 10, 30)
+        relay.kill()
+    finally:
+        relay.close()
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = consume_all(broker.bootstrap_servers, [topic], 1 + 10, 30, grace=3.0)
+        assert relay.stop() == 0
+        return window, records, relay.logs()
+    finally:
+        relay.close()
+
+
 def test_a_dead_letter_cut_to_its_metadata_still_suppresses_duplicates(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
@@ -427,27 +454,8 @@ def test_a_dead_letter_cut_to_its_metadata_still_suppresses_duplicates(
     finally:
         relay.close()
 
-    # A second run delivers events, confirms none of them, and is killed.
-    window = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
-    relay = RelayProcess(
-        {**env, "CDC_RELAY_CONFIRM_INTERVAL": "3600", "CDC_RELAY_IDLE_CONFIRM_INTERVAL": "3600"}
-    ).start()
-    try:
-        relay.wait_streaming()
-        write_transactions(database, [window])
-        consume_all(broker.bootstrap_servers, [order], 1 + 10, 30)
-        relay.kill()
-    finally:
-        relay.close()
-
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
-        records = consume_all(broker.bootstrap_servers, [order], 1 + 10, 30, grace=3.0)
-        assert relay.stop() == 0
-        logs = relay.logs()
-    finally:
-        relay.close()
+    # A second run delivers events, confirms none of them, and is killed; a third reads back.
+    window, records, logs = _crash_in_a_window_then_restart(env, database, broker, order)
     ids = _ids(records)
     assert sorted(ids) == sorted(e.id for e in [*first, *window]), f"each exactly once\n{logs}"
     assert "skips nothing" not in logs, logs
@@ -486,26 +494,7 @@ def test_a_partition_whose_recorded_record_is_not_the_relays_leaves_the_others_s
             (dead_letter, slot),
         )
 
-    window = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
-    relay = RelayProcess(
-        {**env, "CDC_RELAY_CONFIRM_INTERVAL": "3600", "CDC_RELAY_IDLE_CONFIRM_INTERVAL": "3600"}
-    ).start()
-    try:
-        relay.wait_streaming()
-        write_transactions(database, [window])
-        consume_all(broker.bootstrap_servers, [order], 1 + 10, 30)
-        relay.kill()
-    finally:
-        relay.close()
-
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
-        records = consume_all(broker.bootstrap_servers, [order], 1 + 10, 30, grace=3.0)
-        assert relay.stop() == 0
-        logs = relay.logs()
-    finally:
-        relay.close()
+    window, records, logs = _crash_in_a_window_then_restart(env, database, broker, order)
     ids = _ids(records)
     assert sorted(ids) == sorted(e.id for e in [*first, *window]), f"each exactly once\n{logs}"
     assert f"{dead_letter}[0]'s record at the acknowledged offset 1 is not this relay's" in logs
