@@ -2,7 +2,7 @@
 
 The adapters — the modules that hold a PostgreSQL connection and run statements or replication
 commands on it (``replication/stream.py``, ``replication/source.py``, ``checkpoint.py``,
-``leadership.py``, ``sweeper.py``, ``prerequisites.py``, ``publication_filter.py``, the operator
+``leadership.py``, ``sweeper.py``, ``prerequisites/``, ``publication_filter.py``, the operator
 commands, ``demo_writer.py`` and the throw-away server of ``local/``), and ``database_url.py``,
 which reads the URL with libpq — turn
 what psycopg raises, or the SQLSTATE a libpq result carries, into :mod:`cdc_relay.errors`' kinds
