@@ -389,7 +389,8 @@ class PostgresCheckpointStore:
         try:
             return self._conn.execute(query, params)
         except psycopg.OperationalError as exc:
-            raise error_for(exc, During.STATEMENT, "cannot record the position") from None
+            # Reads too (the sweeper, the start): not "cannot record".
+            raise error_for(exc, During.STATEMENT, "the position record is unreachable") from None
 
     def _write(
         self, query: sql.Composed, params: tuple[object, ...]
