@@ -32,6 +32,7 @@ from cdc_relay.config import (
     load_settings,
 )
 from cdc_relay.errors import ConfigError
+from tests.unit.test_config import _isolated, config_error  # noqa: F401 - _isolated: autouse
 
 SECRET = "hunter2-in-a-file"
 DB_URL = f"postgresql://relay:{SECRET}@db.example:5432/app"
@@ -39,20 +40,6 @@ REQUIRED: dict[str, Any] = {"database_url": DB_URL, "kafka_bootstrap_servers": "
 FILE_SETTINGS = ("database_url_file", "kafka_producer_config_file")
 # A database nobody listens on: a command that connects fails at once.
 UNREACHABLE = "postgresql://relay@127.0.0.1:9/app?connect_timeout=2"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("CDC_RELAY_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def config_error(**overrides: Any) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_settings(**overrides)
-    return str(info.value)
 
 
 def file_settings(field: str, path: Path | str) -> dict[str, Any]:
