@@ -123,6 +123,7 @@ DURATION_BOUNDS: dict[str, Bounds] = {
     "heartbeat_interval": Bounds(0.1, _DAY, off=True),
     "ready_max_lag_seconds": Bounds(0.1, 7 * _DAY),
     "progress_interval": Bounds(0.1, _DAY),
+    "transaction_interval": Bounds(0.001, 60.0),
 }
 SWEEP_WAIT_BOUNDS = Bounds(0.0, _DAY)  # sweep --once --wait
 
@@ -710,6 +711,30 @@ class Settings(BaseSettings):
     )
     idle_confirm_interval: float = Field(
         10.0, gt=0, description="Seconds between confirmations that only follow an idle WAL."
+    )
+    exactly_once: bool = Field(
+        False,
+        description=(
+            "Publish inside Kafka transactions fenced by the slot: consumers reading with "
+            "isolation.level=read_committed see each event once, even after a paused leader "
+            "wakes. Needs a broker that allows transactions (README: Exactly once)."
+        ),
+    )
+    transaction_interval: float = Field(
+        0.1,
+        description=(
+            "With CDC_RELAY_EXACTLY_ONCE: seconds a Kafka transaction stays open at most; it "
+            "commits at the first PostgreSQL transaction boundary after that."
+        ),
+    )
+    transaction_max_events: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "With CDC_RELAY_EXACTLY_ONCE: events in one Kafka transaction at most; it commits at "
+            "the first PostgreSQL transaction boundary after that."
+        ),
     )
     reconcile: bool = Field(
         True,
