@@ -27,6 +27,7 @@ SETTINGS = [env_name(field) for field in Settings.model_fields]
         ("CDC_RELAY_SWEEP_CONDITON", "CDC_RELAY_SWEEP_CONDITION"),
         ("CDC_RELAY_OUTBOX_ROW_FILTR", "CDC_RELAY_OUTBOX_ROW_FILTER"),
         ("cdc_relay_slot_nam", "CDC_RELAY_SLOT_NAME"),
+        ("CDC_RELAY_EXACTLY_ONC", "CDC_RELAY_EXACTLY_ONCE"),
     ],
 )
 def test_a_misspelt_setting_is_named_with_the_closest_one(typo: str, meant: str) -> None:
@@ -36,8 +37,8 @@ def test_a_misspelt_setting_is_named_with_the_closest_one(typo: str, meant: str)
 
 
 def test_a_name_like_no_setting_gets_no_guess() -> None:
-    assert unknown_variables(["CDC_RELAY_EXACTLY_ONC"]) == [
-        "CDC_RELAY_EXACTLY_ONC is not a setting and is ignored"
+    assert unknown_variables(["CDC_RELAY_WOMBAT"]) == [
+        "CDC_RELAY_WOMBAT is not a setting and is ignored"
     ]
 
 
