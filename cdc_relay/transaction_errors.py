@@ -1,0 +1,60 @@
+"""What a Kafka transactional call's error means to the relay: the one table.
+
+``init_transactions`` (the fence at a leadership's start, and ``check``), ``commit_transaction``
+and the producer's fatal errors end in one of three outcomes: refuse to start and name the fix
+(the broker or the principal cannot do transactions: exit 2), stand by (another producer of the
+slot fenced this one), or retry (the coordinator is moving or the broker is unreachable).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from confluent_kafka import KafkaError
+
+ACL_FIX = (
+    "grant the relay's principal WRITE and DESCRIBE on TransactionalId with the PREFIXED pattern "
+    "'cdc-relay.' (and IDEMPOTENT_WRITE on the cluster for brokers before 3.0): README, "
+    "Exactly once"
+)
+BROKER_FIX = (
+    "the broker must allow transactions (Kafka 0.11+; a one-node cluster needs "
+    "transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1), or set "
+    "CDC_RELAY_EXACTLY_ONCE=false: README, Exactly once"
+)
+TIMEOUT_FIX = (
+    "transaction.timeout.ms is above the broker's transaction.max.timeout.ms: lower it in the "
+    "Kafka producer properties"
+)
+
+
+class Outcome(Enum):
+    REFUSE = "refuse"  # the setup cannot work: exit 2 with the fix
+    FENCED = "fenced"  # a newer producer of the slot took over: stand by
+    RETRY = "retry"  # transient: the session is rebuilt
+
+
+_REFUSALS: dict[int, str] = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ACL_FIX,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: ACL_FIX,
+    KafkaError.UNSUPPORTED_VERSION: BROKER_FIX,
+    KafkaError._UNSUPPORTED_FEATURE: BROKER_FIX,
+    KafkaError.INVALID_TRANSACTION_TIMEOUT: TIMEOUT_FIX,
+}
+_FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
+def outcome(code: int) -> Outcome:
+    """What an error code of a transactional call means."""
+    if code in _REFUSALS:
+        return Outcome.REFUSE
+    if code in _FENCED:
+        return Outcome.FENCED
+    return Outcome.RETRY
+
+
+def fix(code: int) -> str | None:
+    """The operator's fix for a refusal, or None when the error is not one."""
+    return _REFUSALS.get(code)
