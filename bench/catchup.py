@@ -67,6 +67,10 @@ from cdc_relay.lsn import format_lsn
 SAMPLE_INTERVAL = 0.2  # seconds between throughput samples
 POLL_INTERVAL = 0.02  # seconds between reads of the slot's confirmed position / the broker
 RECVLOGICAL, RELAY, BARE = "pg_recvlogical", "relay", "bare producer"
+# The relay with a setting that changes what it costs, run beside the default relay on the same
+# WAL in every round: its row and its ratio to the default relay come from one run.
+EXACTLY_ONCE = "cdc-relay, exactly once"
+VARIANTS: dict[str, dict[str, str]] = {EXACTLY_ONCE: {"exactly_once": "true"}}
 IMPORT_FLOOR_LAUNCHES = 3  # per round, the fastest counts
 PEER_TOPIC = "bench.peer"
 PEER_MIN_SECONDS = 60.0  # a peer run that has not delivered every row by then failed
@@ -421,6 +425,7 @@ def catchup_scenario(
     peer: PeerRuntime | str | None = None,
     baselines: Sequence[Path] = (),
     floor: bool = False,
+    variants: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One catch-up scenario in a fresh database: ``rounds`` interleaved runs of every program.
 
@@ -428,6 +433,7 @@ def catchup_scenario(
     this scenario). ``baselines``: other checkouts of the relay (an older commit, a compiled build),
     each run as one more program, so a change's before and after come from the same run.
     ``floor``: the bare producer runs too, and each round times the import floor.
+    ``variants``: names in :data:`VARIANTS`, the relay with those settings, one more program each.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -438,6 +444,7 @@ def catchup_scenario(
     programs = [
         RECVLOGICAL,
         RELAY,
+        *variants,
         *([BARE] if floor else []),
         *trees,
         *(peer_names if isinstance(peer, PeerRuntime) else []),
@@ -462,12 +469,13 @@ def catchup_scenario(
                 if program == BARE:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
                     return time_bare(broker.bootstrap_servers, rows)
-                if program == RELAY or program in trees:
+                if program == RELAY or program in trees or program in variants:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
                     tree = trees.get(program, REPO)
+                    settings = {**(relay_settings or {}), **VARIANTS.get(program, {})}
                     return time_relay(
                         url, broker.bootstrap_servers, slot=slot, rows=rows,
-                        inside_last=inside_last, plugin=plugin, relay_settings=relay_settings,
+                        inside_last=inside_last, plugin=plugin, relay_settings=settings,
                         tree=tree,
                     )  # fmt: skip
                 assert isinstance(peer, PeerRuntime)
@@ -493,7 +501,7 @@ def catchup_scenario(
                 try:
                     measurement = run_one(program, slot)
                 except Exception as exc:
-                    if program in (RECVLOGICAL, RELAY) or program in trees:
+                    if program in (RECVLOGICAL, RELAY) or program in trees or program in variants:
                         raise
                     failed[program] = f"{type(exc).__name__}: {exc}"[:2000]
                     continue
@@ -507,7 +515,7 @@ def catchup_scenario(
 
     base = measured[RECVLOGICAL]
     relay_runs = measured[RELAY]
-    for run in relay_runs:
+    for run in (run for program in (RELAY, *variants) for run in measured[program]):
         if min(run["published"], run["on_broker"]) < rows:
             raise RuntimeError(
                 f"slot confirmed but only {run['published']} of {rows} published and "
@@ -539,6 +547,13 @@ def catchup_scenario(
         result["floor"] = floor_summary(
             _median(base), _median(bare) | _ratios(base, bare), import_floor, relay
         )
+    if variants:
+        result["variants"] = {
+            name: _median(measured[name])
+            | _ratios(base, measured[name])
+            | {"vs_relay": _ratios(relay_runs, measured[name])["ratio"], "settings": settings[name]}
+            for name in variants
+        }
     if trees:
         result["baselines"] = {
             name: _median(measured[name]) | _ratios(base, measured[name]) | {"tree": str(tree)}

@@ -13,6 +13,10 @@ CPU_US_MAX = 15.0  # relay CPU time per event, every scenario ...
 CPU_US_MAX_CATCHUP_10 = 8.0  # ... and at most this in the catch-up at 10 rows/txn
 P99_MS_MAX = 20.0  # end-to-end p99 on the high-rate steady-state run (5k events/s)
 RSS_MB_MAX = 150.0  # relay peak RSS, every scenario
+# Exactly once (CDC_RELAY_EXACTLY_ONCE=true): its catch-up rows/s ÷ the default relay's, same WAL,
+# same rounds; and its p99 at the high steady rate.
+EXACTLY_ONCE_VS_RELAY_MIN = 0.8
+EXACTLY_ONCE_P99_MS_MAX = 150.0
 # Catch-up: relay launch -> it sends START_REPLICATION, at most this much after the import floor
 # of the same run (a fresh interpreter importing psycopg and pydantic-settings) ...
 START_OVER_IMPORT_FLOOR_S = 0.05
@@ -55,8 +59,13 @@ def evaluate(scenarios: dict[str, dict[str, Any]], enforce: bool) -> list[Target
             if "floor" in result:
                 limit = round(result["floor"]["import_floor_s"] + START_OVER_IMPORT_FLOOR_S, 3)
             add(key, "start_replication_s", sent, "<=", limit)
+        for name, variant in result.get("variants", {}).items():
+            add(key, f"{name}: rows/s ÷ cdc-relay", variant["vs_relay"], ">=",
+                EXACTLY_ONCE_VS_RELAY_MIN)  # fmt: skip
         if key == "steady_high":
             add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", P99_MS_MAX)
+        if key == "steady_high_exactly_once":
+            add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", EXACTLY_ONCE_P99_MS_MAX)
         cpu_max = CPU_US_MAX_CATCHUP_10 if key == "catchup_10_per_txn" else CPU_US_MAX
         add(key, "cpu_us_per_event", result["relay"]["cpu_us_per_event"], "<=", cpu_max)
         add(key, "peak_rss_mb", result["relay"]["peak_rss_mb"], "<=", RSS_MB_MAX)
@@ -73,7 +82,8 @@ def title(key: str, result: dict[str, Any]) -> str:
             return f"1c catch-up, one {result['rows']:,}-row txn"
         part = "1a" if key == "catchup_10_per_txn" else "1b"
         return f"{part} catch-up, {result['rows']:,} rows, {result['rows_per_txn']:,}/txn"
-    return f"2 steady {result['target_rate']:,} ev/s for {result['duration_s']:g} s"
+    mode = ", exactly once" if key.endswith("_exactly_once") else ""
+    return f"2 steady {result['target_rate']:,} ev/s for {result['duration_s']:g} s{mode}"
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -130,6 +140,12 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                     ("", f"  after the relay's start-up ({relay['startup_s']:.2f} s), rows/s",
                      f"{relay['rows_per_s_after_startup']:,}", "",
                      f"{result['ratio_after_startup']:.3f}", *(after if after[0] else ("", "info")))
+                )  # fmt: skip
+            for variant_name, variant in result.get("variants", {}).items():
+                rows.append(
+                    ("", f"{variant_name}: rows/s (÷ cdc-relay)", f"{variant['rows_per_s']:,}",
+                     "", f"{variant['vs_relay']:.3f}",
+                     *verdict(key, f"{variant_name}: rows/s ÷ cdc-relay"))
                 )  # fmt: skip
         else:
             writer, latency, hist = (
@@ -257,6 +273,9 @@ def programs_table(scenarios: dict[str, dict[str, Any]]) -> list[str]:
         notes: list[str] = []
         if relay.get("on_broker", result["rows"]) > result["rows"]:
             notes.append(f"  cdc-relay: {relay['on_broker'] - result['rows']:,} duplicates")
+        for name, variant in result.get("variants", {}).items():
+            rows.append(program(name, variant))
+            notes.append(f"  {name}: {variant['vs_relay']:.2f} of cdc-relay's rows/s, same rounds")
         others = {**result.get("baselines", {}), **result.get("peers", {})}
         for name, peer in others.items():
             if "seconds" in peer:

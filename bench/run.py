@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from bench import peer as peer_module
-from bench.catchup import catchup_scenario
+from bench.catchup import EXACTLY_ONCE, VARIANTS, catchup_scenario
 from bench.harness import (
     REPO,
     foreign_cpu,
@@ -37,6 +37,7 @@ SCENARIOS = (
     "catchup_single_txn",
     "steady_low",
     "steady_high",
+    "steady_high_exactly_once",
 )
 # Server settings on top of LocalPostgres's (wal_level=logical, fsync=off, ...). Commits flush WAL
 # at once, as on a production server (with fsync=off the flush is a write(), not a disk sync):
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             peer=peer,
             baselines=baselines,
             floor=True,
+            variants=[EXACTLY_ONCE],
         ),
         "catchup_1000_per_txn": lambda s: catchup_scenario(
             s,
@@ -211,6 +213,15 @@ def run(args: argparse.Namespace) -> int:
             plugin,
             idle_seconds=sizes.idle_seconds,
             relay_settings=extra,
+        ),
+        "steady_high_exactly_once": lambda s: steady_scenario(
+            s,
+            "bench_steady_high_eos",
+            rates[1],
+            seconds,
+            plugin,
+            idle_seconds=sizes.idle_seconds,
+            relay_settings={**extra, **VARIANTS[EXACTLY_ONCE]},
         ),
     }
     scenarios: dict[str, dict[str, Any]] = {}

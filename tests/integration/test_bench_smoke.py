@@ -29,6 +29,7 @@ SCENARIOS = {
     "catchup_single_txn",
     "steady_low",
     "steady_high",
+    "steady_high_exactly_once",
 }
 
 pytestmark = [
@@ -153,6 +154,10 @@ def test_bench_smoke(tmp_path: Path) -> None:
             assert sent <= scenario["relay"]["startup_s"], key
             _positive(scenario, "relay", "rows_per_s_after_startup")
             assert len(scenario["throughput"]["t"]) >= 1, key
+            for name, variant in scenario.get("variants", {}).items():
+                assert variant["published"] >= rows, name
+                assert variant["settings"], name
+                _positive(variant, "vs_relay")
         else:
             assert scenario["kind"] == "steady", key
             _positive(scenario, "writer", "achieved_rate")
@@ -167,7 +172,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     _assert_floor(result, completed.stdout)
     assert result["machine"]["cores"] >= 1
     assert all(target["passed"] is None for target in result["targets"])  # not evaluated
-    for title in ("1a catch-up", "1b catch-up", "1c catch-up", "2 steady"):
+    assert set(result["scenarios"]["catchup_10_per_txn"]["variants"]) == {"cdc-relay, exactly once"}
+    for title in ("1a catch-up", "1b catch-up", "1c catch-up", "2 steady", "exactly once"):
         assert title in completed.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
