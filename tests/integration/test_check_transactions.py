@@ -1,8 +1,9 @@
 """``check``'s ``transactions`` line against a real PostgreSQL and broker: with exactly once on, it
 asks the broker for an ``init_transactions`` on the relay's ``transactional.id`` when no relay
 leads, and on ``<id>.check`` while the lease says one does — which is what lets it run beside a
-leader: the relay's own id would fence it. Each test holds a transactional producer of the
-relay's id, as a relay would, and looks at what the probe did to it."""
+leader: the relay's own id would fence it. The tests hold a transactional producer of the
+relay's id, as a leading relay does, and look at what the probe did to it; one runs check beside
+a relay that leads, and the relay keeps leading and publishing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from cdc_relay.commands.check import PROBE_SUFFIX
 from cdc_relay.transaction_errors import Outcome, outcome
 from cdc_relay.transactional_id import transactional_id
 from tests.conftest import KafkaBroker
-from tests.integration.relay_support import relay_env
+from tests.integration.relay_support import (
+    RelayProcess,
+    new_event,
+    relay_env,
+    scalar,
+    write_transactions,
+)
 from tests.integration.test_admin import cdc_relay, lines_of
 from tests.integration.test_least_privilege import PUBLICATION, least_privilege  # noqa: F401
 from tests.kafka_helpers import consume_all
@@ -146,3 +153,32 @@ def test_as_the_documented_role_check_probes_the_relays_own_id(
     line = lines_of(cdc_relay(env, "check"))["transactions"]
     assert line.startswith("ok   transactions: the broker accepts init_transactions for cdc-relay.")
     assert line.endswith(", the relay's own transactional.id (no relay leads the slot)"), line
+
+
+def test_check_beside_a_running_leader_leaves_it_leading(
+    database: str, broker: KafkaBroker, unique: str, env: dict[str, str], relay_id: str
+) -> None:
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=1)
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        holder = scalar(
+            database,
+            "SELECT holder FROM cdc_relay.leader_lease WHERE slot_name = %s",
+            env["CDC_RELAY_SLOT_NAME"],
+        )
+        result = cdc_relay(env, "check")
+        events = [new_event("order", "o-1", "created", {"n": n}) for n in range(3)]
+        write_transactions(database, [[event] for event in events])
+        records = consume_all(broker.bootstrap_servers, topic, len(events), timeout=30)
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines_of(result)["transactions"].startswith(
+        f"ok   transactions: the broker accepts init_transactions for {relay_id}{PROBE_SUFFIX}, "
+        f"not the relay's {relay_id}: relay {holder} leads (lease valid until "
+    )
+    assert [r.header("id") for r in records] == [event.id.encode() for event in events]
+    assert "lost the leadership" not in relay.logs()
