@@ -1,16 +1,18 @@
 """``python -m cdc_relay check``: the preflight an operator runs before (or next to) the relay.
 
 One line per check, ``ok   <check>: <detail>`` or ``FAIL <check>: <what to do>``; the exit code is
-non-zero when any check failed. It changes nothing (the wal2json probe creates a temporary slot and
-drops it). The database checks are the relay's own (:mod:`cdc_relay.prerequisites`), all of them
-reported rather than stopping at the first; the broker, topic and transaction checks are this
+non-zero when any check failed. It changes nothing in the database (the wal2json probe creates a
+temporary slot and drops it); with exactly once on it registers a transactional producer with the
+broker (below). The database checks are the relay's own (:mod:`cdc_relay.prerequisites`), all of
+them reported rather than stopping at the first; the broker, topic and transaction checks are this
 command's.
 
 With exactly once on, the ``transactions`` line asks the broker for what the relay's start does
 first: ``init_transactions`` for the stream's ``transactional.id``. That call fences every other
 producer of the id, so while the lease says a relay leads the probe uses ``<id>.check`` instead
 (granted by the same PREFIXED ACL), and the relay's own id only when no relay leads, where there
-is nothing alive to fence.
+is nothing alive to fence (a dead relay's open Kafka transaction is aborted, as the next leader's
+start would abort it).
 """
 
 from __future__ import annotations
