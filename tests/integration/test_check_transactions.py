@@ -182,3 +182,37 @@ def test_check_beside_a_running_leader_leaves_it_leading(
     )
     assert [r.header("id") for r in records] == [event.id.encode() for event in events]
     assert "lost the leadership" not in relay.logs()
+
+
+def test_as_a_role_that_cannot_read_the_lease_check_fences_nothing(
+    database: str,
+    broker: KafkaBroker,
+    unique: str,
+    least_privilege: tuple[str, str],  # noqa: F811
+) -> None:
+    relay_url, _owner = least_privilege
+    env = relay_env(
+        relay_url,
+        broker.bootstrap_servers,
+        unique,
+        publication_name=PUBLICATION,
+        exactly_once="true",
+    )
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("REVOKE SELECT ON cdc_relay.leader_lease FROM relay")
+    line = lines_of(cdc_relay(env, "check"))["transactions"]
+    assert line.startswith("ok   transactions: the broker accepts init_transactions for cdc-relay.")
+    assert f"{PROBE_SUFFIX}, not the relay's cdc-relay." in line
+    assert line.endswith(
+        ": the leader lease cannot be read, so a relay may lead, and its own id would fence it"
+    ), line
+
+    # Without the system identifier there is no id to probe: the line says what to grant.
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+    result = cdc_relay(env, "check")
+    assert lines_of(result)["transactions"].startswith(
+        "FAIL transactions: cannot read the database's system identifier, which the relay's "
+        "transactional.id names: permission denied for function pg_control_system"
+    ), result.stdout
+    assert result.returncode == 1
