@@ -1,17 +1,32 @@
 """``python -m cdc_relay check``: the preflight an operator runs before (or next to) the relay.
 
 One line per check, ``ok   <check>: <detail>`` or ``FAIL <check>: <what to do>``; the exit code is
-non-zero when any check failed. It changes nothing (the wal2json probe creates a temporary slot and
-drops it). The database checks are the relay's own (:mod:`cdc_relay.prerequisites`), all of them
-reported rather than stopping at the first; the broker and topic checks are this command's.
+non-zero when any check failed. It changes nothing in the database (the wal2json probe creates a
+temporary slot and drops it); with exactly once on it registers a transactional producer with the
+broker (below). The database checks are the relay's own (:mod:`cdc_relay.prerequisites`), all of
+them reported rather than stopping at the first; the broker, topic and transaction checks are this
+command's.
+
+With exactly once on, the ``transactions`` line asks the broker for what the relay's start does
+first: ``init_transactions`` for the stream's ``transactional.id``. That call fences every other
+producer of the id, so while the lease says a relay leads the probe uses ``<id>.check`` instead
+(granted by the same PREFIXED ACL), and the relay's own id only when no relay leads, where there
+is nothing alive to fence (a dead relay's open Kafka transaction is aborted, as the next leader's
+start would abort it).
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+import psycopg
+from psycopg import sql
+
+from cdc_relay import transaction_errors
+from cdc_relay.checkpoint import LEASE_TABLE
 from cdc_relay.commands.output import print_line
 from cdc_relay.config import (
     MissingTopics,
@@ -22,13 +37,19 @@ from cdc_relay.config import (
 )
 from cdc_relay.patterns import compile_pattern
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
-from cdc_relay.publisher import admin_config
+from cdc_relay.publisher import admin_config, error_name
 from cdc_relay.replication.source import Connection, connect, scalar
+from cdc_relay.transactional_id import transactional_id
 
 Output = Callable[[str], None]
 
 EXIT_CHECK_FAILED = 1
 BROKER_TIMEOUT = 5.0
+# init_transactions: a new cluster's coordinator first creates its transaction log.
+TRANSACTIONS_TIMEOUT = 10.0
+PROBE_SUFFIX = ".check"
+# Producer properties init_transactions depends on, beyond how to reach the cluster.
+_TRANSACTION_PROPERTIES = ("transaction.timeout.ms",)
 
 
 def check(settings: Settings, out: Output = print_line) -> int:
@@ -57,14 +78,21 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
 
     run("settings", _settings)
     run("connection", connection)
+    probe_ids: list[ProbeId | Unmet] = []
     if connected:
         with connected[0] as conn:
             for name, probe in Prerequisites(conn, settings).report():
                 run(name, probe)
+            if settings.exactly_once:
+                probe_ids.append(probe_id(conn, settings))
     metadata: list[Any] = []
     run("broker", lambda: _broker(settings, metadata))
     if metadata:
         run("topics", lambda: _topics(settings, metadata[0]))
+    if not settings.exactly_once:
+        run("transactions", lambda: TRANSACTIONS_OFF)
+    elif metadata and probe_ids:
+        run("transactions", lambda: transactions(settings, probe_ids[0]))
     return lines
 
 
@@ -171,3 +199,121 @@ def _created_topics(settings: Settings, templates: set[str]) -> list[str]:
 def _kafka_reason(error: Any) -> str:
     text = error.str() if hasattr(error, "str") else str(error)
     return str(text)
+
+
+TRANSACTIONS_OFF = (
+    "off (CDC_RELAY_EXACTLY_ONCE): at least once, consumers drop repeats by the id header"
+)
+
+
+@dataclass(frozen=True)
+class ProbeId:
+    """The ``transactional.id`` the probe may use, and why it is that one."""
+
+    relay_id: str  # the stream's, shared by every relay of the slot
+    leader: str | None  # who leads by the lease, with until when; None: no relay leads
+
+    @property
+    def probed(self) -> str:
+        return self.relay_id + PROBE_SUFFIX if self.leader else self.relay_id
+
+    def describe(self) -> str:
+        if self.leader is None:
+            return f"{self.relay_id}, the relay's own transactional.id (no relay leads the slot)"
+        return (
+            f"{self.probed}, not the relay's {self.relay_id}: {self.leader}, and its own id would "
+            "fence it"
+        )
+
+
+def probe_id(conn: Connection, settings: Settings) -> ProbeId | Unmet:
+    """The stream's id (the system identifier of the database ``check`` is connected to) and
+    whether a relay leads it. A lease that cannot be read counts as a leader: the probe must not
+    fence one."""
+    try:
+        system_identifier = scalar(conn, "SELECT system_identifier::text FROM pg_control_system()")
+    except psycopg.Error as exc:
+        return Unmet(
+            "cannot read the database's system identifier, which the relay's transactional.id "
+            f"names: {(exc.diag.message_primary or str(exc)).strip()} (GRANT EXECUTE ON FUNCTION "
+            "pg_control_system() TO the relay's role)"
+        )
+    relay_id = transactional_id(str(system_identifier), settings.slot_name)
+    lease = sql.Identifier(settings.state_schema, LEASE_TABLE)
+    try:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT holder, expires_at FROM {} WHERE slot_name = %s AND expires_at > now()"
+            ).format(lease),
+            (settings.slot_name,),
+        ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return ProbeId(relay_id, None)  # no relay has started here yet
+    except psycopg.Error:
+        return ProbeId(relay_id, "the leader lease cannot be read, so a relay may lead")
+    if row is None:
+        return ProbeId(relay_id, None)
+    holder, expires = row
+    return ProbeId(relay_id, f"relay {holder} leads (lease valid until {expires})")
+
+
+class TransactionalProducer(Protocol):
+    def init_transactions(self, timeout: float) -> None: ...
+
+
+def _producer(config: dict[str, Any]) -> TransactionalProducer:
+    from confluent_kafka import Producer  # noqa: PLC0415 - only this command needs Kafka
+
+    return Producer(config)
+
+
+def transactions(
+    settings: Settings,
+    target: ProbeId | Unmet,
+    producer: Callable[[dict[str, Any]], TransactionalProducer] = _producer,
+) -> str:
+    """``init_transactions`` for the id :func:`probe_id` chose; a refusal names its fix
+    (:mod:`cdc_relay.transaction_errors`)."""
+    from confluent_kafka import KafkaError, KafkaException  # noqa: PLC0415
+
+    if isinstance(target, Unmet):
+        raise target
+    wanted = settings.producer_config()
+    config: dict[str, Any] = admin_config(wanted)
+    config.update({key: wanted[key] for key in _TRANSACTION_PROPERTIES if key in wanted})
+    config.update({"transactional.id": target.probed, "log_level": 0, "error_cb": _ignore})
+    try:
+        client = producer(config)
+    except KafkaException as exc:
+        raise Unmet(
+            f"invalid Kafka client configuration: {_kafka_reason(exc.args[0] if exc.args else exc)}"
+        ) from None
+    try:
+        client.init_transactions(TRANSACTIONS_TIMEOUT)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        code = error.code() if isinstance(error, KafkaError) else KafkaError._FAIL
+        reason = f"{error_name(code)}: {_kafka_reason(error if error is not None else exc)}"
+        refusal = transaction_errors.fix(code)
+        if refusal is not None:
+            raise Unmet(
+                f"the broker refused init_transactions for {target.probed} ({reason}): {refusal}"
+            ) from None
+        if code == KafkaError._TIMED_OUT:
+            raise Unmet(
+                f"the broker did not answer init_transactions for {target.probed} within "
+                f"{TRANSACTIONS_TIMEOUT:g}s: no transaction coordinator became available. A "
+                "one-node cluster needs transaction.state.log.replication.factor=1 and "
+                "transaction.state.log.min.isr=1 (README: Exactly once); a new cluster creates "
+                "its transaction log at the first transactional client, so run check again"
+            ) from None
+        transient = transaction_errors.outcome(code) is transaction_errors.Outcome.RETRY
+        raise Unmet(
+            f"init_transactions for {target.probed} failed ({reason})"
+            + ("; the relay retries such an error: run check again" if transient else "")
+        ) from None
+    return f"the broker accepts init_transactions for {target.describe()}"
+
+
+def _ignore(_error: object) -> None:
+    """librdkafka's error callback: the call's own error is what the line reports."""

@@ -242,6 +242,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "failover",
         "broker",
         "topics",
+        "transactions",
     }
     if plugin == "wal2json":
         expected.add("wal2json")

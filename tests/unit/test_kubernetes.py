@@ -9,12 +9,14 @@ a validator that passes everything cannot go unnoticed. No cluster is needed (no
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from cdc_relay.config import Settings, env_name
+from cdc_relay.config import Settings, env_name, load_settings
 from tests.unit.test_packaging import DOCKERFILE, HTTP_PORT, stages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,3 +190,40 @@ def test_the_sidecar_never_takes_the_database_out_of_its_service() -> None:
     container = relay_container(spec)
     assert "readinessProbe" not in container
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+# A commented setting is one an operator turns on by deleting "# ": a typo in it would silently
+# leave the relay at its default (an unknown CDC_RELAY_* variable is only warned about).
+_COMMENTED_SETTING = re.compile(r"^\s*#\s*(?:- name:\s*)?(CDC_RELAY_\w+)\b", re.MULTILINE)
+
+
+def test_settings_left_commented_out_are_real_settings() -> None:
+    known = {env_name(name) for name in Settings.model_fields}
+    commented = {
+        name
+        for path in sorted(DEPLOY.rglob("*.yaml"))
+        for name in _COMMENTED_SETTING.findall(path.read_text())
+    }
+    assert env_name("exactly_once") in commented
+    assert commented <= known
+
+
+def test_exactly_once_is_one_uncommented_line_away(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = DEPLOY / "configmap.yaml"
+    text = path.read_text()
+    line = f'  # {env_name("exactly_once")}: "true"\n'
+    assert line in text
+    uncommented = yaml.safe_load(text.replace(line, line.replace("# ", "", 1)))["data"]
+    off = yaml.safe_load(text)["data"]
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+    for name in list(os.environ):
+        if name.startswith("CDC_RELAY_"):
+            monkeypatch.delenv(name)
+    required = {"database_url": "postgresql://relay@db/app"}
+    for data, wanted in ((off, False), (uncommented, True)):
+        with monkeypatch.context() as scoped:
+            for name, value in data.items():
+                scoped.setenv(name, value)
+            assert load_settings(**required).exactly_once is wanted

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from cdc_relay._hot_path import COMPILE_VARIABLE
-from cdc_relay.config import Settings, env_name
+from cdc_relay.config import Settings, env_name, load_settings
 from cdc_relay.demo_writer import AGGREGATE_TYPE
 from tests.conftest import BOOTSTRAP_SERVERS_ENV, DATABASE_URL_ENV
 
@@ -186,8 +186,33 @@ def test_kafka_service_is_a_single_kraft_node_reachable_as_kafka(model: dict[str
     assert "CONTROLLER://:9093" in env["KAFKA_LISTENERS"].split(",")
     assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
     assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
-    assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
     assert "test" in kafka["healthcheck"]
+
+
+def test_kafka_allows_transactions_on_its_one_node(model: dict[str, Any]) -> None:
+    # The transaction state log's defaults (3 replicas, min ISR 2) leave a one-node cluster
+    # without a transaction coordinator: every init_transactions would time out.
+    env = model["services"]["kafka"]["environment"]
+    assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
+
+
+def test_both_relays_publish_exactly_once_to_a_read_committed_consumer(
+    model: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+    for name in list(os.environ):
+        if name.startswith("CDC_RELAY_"):
+            monkeypatch.delenv(name)
+    for service in ("relay", "relay-standby"):
+        env = model["services"][service]["environment"]
+        assert env["CDC_RELAY_EXACTLY_ONCE"] == "true"
+        with monkeypatch.context() as scoped:
+            for name, value in env.items():
+                scoped.setenv(name, value)
+            assert load_settings().exactly_once  # as the relay reads it, not just the spelling
+    script = " ".join(model["services"]["console-consumer"]["command"])
+    assert "--isolation-level read_committed" in script
 
 
 def test_relay_service(model: dict[str, Any]) -> None:
