@@ -30,6 +30,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "cdc_relay"
 # psycopg raises; every other module sees only cdc_relay.errors.
 ADAPTERS = {
     "checkpoint.py",
+    "commands/check.py",
     "commands/demo.py",
     "commands/setup.py",
     "commands/status.py",
