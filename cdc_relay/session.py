@@ -5,6 +5,8 @@ This module keeps the hot loop and nothing else of note: it dispatches decoded m
 Everything else is somebody else's answer, called from here:
 
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
+- publishing exactly once, when a Kafka transaction commits: :mod:`cdc_relay.kafka_transaction`
+  (told at Begin, Commit and housekeeping, never per record);
 - which mapping a relation's inserts use: :mod:`cdc_relay.relations`;
 - what happens to a poison row, and to a delivery the broker refused: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
@@ -28,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
@@ -43,11 +45,13 @@ from cdc_relay.decode.messages import (
     StreamStart,
 )
 from cdc_relay.errors import (
+    LeadershipLost,
     ProtocolError,
     RelayError,
     SinkUnavailable,
     StopSession,
 )
+from cdc_relay.kafka_transaction import KafkaTransaction, Resend, TransactionalSink
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
@@ -59,6 +63,7 @@ from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, Ref
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
+    DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
     TransactionCallback,
@@ -76,6 +81,7 @@ from cdc_relay.replication.protocol import (
     postgres_time_to_unix,
 )
 from cdc_relay.topics import TopicAdmin, TopicRules
+from cdc_relay.transaction_errors import Outcome, outcome
 from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
@@ -96,7 +102,7 @@ class ReplicationSource(Protocol):
     def send_status(self, written: int, flushed: int, reply: bool = False) -> None: ...
 
 
-class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
+class RecordSink(DeadLetterSink, TopicAdmin, TransactionalSink, Protocol):
     """The Kafka adapter (:class:`~cdc_relay.publisher.Publisher`)."""
 
     @property
@@ -145,6 +151,7 @@ class Session:
         offsets: dict[tuple[str, int], int] | None = None,
         reconciliation: Reconciliation | None = None,
         noted: dict[tuple[str, int], int] | None = None,
+        resend: Resend | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -172,9 +179,23 @@ class Session:
             PartitionNotes(noted, store, sink, self.confirmer) if settings.reconcile else None
         )
         # Events of the replayed window already in Kafka; None once the stream is past them.
-        self.in_kafka: Reconciliation | None = (
+        self.in_kafka: Reconciliation | Resend | None = (
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
+        # Publishing exactly once: the open Kafka transaction, and what a re-send must know.
+        self.resend = (resend or Resend()).from_position(start)
+        self.window: KafkaTransaction | None = None
+        if settings.exactly_once:
+            timeout_ms = int(settings.producer_config()["transaction.timeout.ms"])
+            self.window = KafkaTransaction(
+                sink,
+                self.resend,
+                interval=settings.transaction_interval,
+                max_events=settings.transaction_max_events,
+                split_after=timeout_ms / 2000,
+            )
+            if self.in_kafka is None and self.resend.found:
+                self.in_kafka = self.resend
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
         self.poison = PoisonPolicyHandler(
@@ -213,6 +234,7 @@ class Session:
         confirmer = self.confirmer
         stats = self.stats
         observe_receive = stats.receive_latency.observe
+        window = self.window
         txn: PendingTransaction | None = None
         callback: TransactionCallback | None = None
         callback_table = ""
@@ -251,6 +273,8 @@ class Session:
                             postgres_time_to_unix(message.commit_ts),
                             position_prefix(self.slot_name, message.final_lsn),
                         )
+                        if window is not None:
+                            window.join(txn)
                         callback = None
                     elif isinstance(message, Commit):
                         if txn is None:
@@ -258,6 +282,8 @@ class Session:
                         if callback is not None:  # the transaction had events
                             observe_receive(time.time() - txn.commit_time)
                         watermark.seal(txn, message.end_lsn)
+                        if window is not None and window.sealed(txn):
+                            self.commit_transaction()
                         stats.transactions += 1
                         txn = None
                         callback = None
@@ -352,7 +378,9 @@ class Session:
             return
         topic, key, value, headers, event_id, traceparent = record
         headers.append((POSITION_HEADER, position))
-        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+        if self.in_kafka is not None and self.already_in_kafka(
+            txn, position, event_id, mapping.table, record
+        ):
             return
         if topic not in self.known_topics:
             try:
@@ -424,10 +452,18 @@ class Session:
         )
 
     def already_in_kafka(
-        self, txn: PendingTransaction, position: bytes, event_id: str | None
+        self,
+        txn: PendingTransaction,
+        position: bytes,
+        event_id: str | None,
+        table: str = "",
+        record: tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], Any, Any]
+        | None = None,
     ) -> bool:
-        """During the replayed window: was this event read back from Kafka at the start? Then it
-        counts as delivered (its transaction waits for nothing) and is not produced again."""
+        """During the replayed window: was this event read back from Kafka at the start (or, in
+        a re-send, committed by a split)? Then it counts as delivered (its transaction waits for
+        nothing) and is not produced again. A re-sent ``record`` the broker refused for good
+        goes to the poison policy at once."""
         found = self.in_kafka
         assert found is not None
         if txn.commit_lsn > found.highest_lsn:
@@ -440,7 +476,19 @@ class Session:
         if found.in_kafka(position, event_id):
             self.stats.skipped_in_kafka += 1
             return True
-        return False
+        refusal = found.refused(position) if record is not None else None
+        if refusal is None or record is None:
+            return False
+        refused = ProduceRefused(*refusal)
+        topic, key, value, headers = record[0], record[1], record[2], record[3]
+        self.poison.refuse(
+            RefusedRecord(
+                txn=txn, table=table, reason=refused.reason, code=refused.name,
+                event_id=event_id, topic=topic, key=key, value=value, headers=headers,
+                too_large=refused.too_large,
+            )
+        )  # fmt: skip
+        return True
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
@@ -451,7 +499,7 @@ class Session:
 
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""
-        self.housekeeping()
+        self.housekeeping(between_records=False)  # a record is half-way: no split now
         if self.owner.stopping and self.stop_now():
             raise StopSession
 
@@ -462,8 +510,88 @@ class Session:
         self.serve_while_waiting()
 
     def handle_failures(self) -> None:
+        if self.window is not None:
+            self.transaction_failed()
         for failure in self.tracker.take_failures():
             self.poison.delivery_failed(failure)
+
+    # -- Kafka transactions (CDC_RELAY_EXACTLY_ONCE) -------------------------------------------
+
+    def commit_transaction(self, split: bool = False) -> None:
+        """Commit the Kafka transaction (between PostgreSQL transactions, or ``split`` inside a
+        too large one); a failed commit ends the session, confirming nothing it held."""
+        window = self.window
+        assert window is not None
+        try:
+            if split:
+                window.split(self.keep_in_touch)
+            else:
+                window.commit(self.keep_in_touch)
+        except SinkUnavailable:
+            if self.tracker.failures:
+                self.transaction_failed()  # says which delivery failed, and remembers it
+            raise
+
+    def transaction_tick(self) -> None:
+        """Housekeeping: commit a due Kafka transaction between PostgreSQL transactions, split
+        a too large one."""
+        window = self.window
+        assert window is not None
+        if window.open is None:
+            if window.due():
+                self.commit_transaction()
+        elif window.too_large():
+            self.commit_transaction(split=True)
+
+    def keep_in_touch(self) -> None:
+        """While a transactional call waits: the lease, and the slot's status updates."""
+        self.owner.require_leading()
+        now = time.monotonic()
+        self.stats.last_loop = now
+        self.confirmer.tick(now, self.tracker.acked)
+
+    def transaction_failed(self) -> NoReturn:
+        """A delivery failed inside the Kafka transaction: it cannot commit. Fenced: stand by;
+        else the session ends and the transaction is sent again, the records the broker refused
+        for good remembered (dead-lettered, or stopping, when they come again)."""
+        failures = self.tracker.take_failures()
+        if any(outcome(f.code) is Outcome.FENCED for f in failures):
+            raise LeadershipLost("fenced: another producer of the slot took over")
+        for failure in failures:
+            if failure.permanent and not failure.dead_letter:
+                self.remember_refusal(failure)
+        first = failures[0]
+        raise SinkUnavailable(
+            f"delivery to {first.topic!r} failed inside a Kafka transaction ({first.reason}): "
+            "it is sent again from the last committed position"
+        )
+
+    def remember_refusal(self, failure: DeliveryFailure) -> None:
+        for name, value in reversed(failure.headers):
+            if name == POSITION_HEADER:
+                lsn = failure.txn.commit_lsn
+                self.resend.note_refused(value, failure.code, failure.reason, lsn)
+                return
+
+    def end_transaction(self) -> None:
+        """A clean stop: commit what is held (between PostgreSQL transactions), else abort."""
+        window = self.window
+        assert window is not None
+        if window.open is None and window.held:
+            try:
+                self.commit_transaction()
+                return
+            except (SinkUnavailable, LeadershipLost) as exc:
+                log.error(
+                    "the last Kafka transaction did not commit: it is sent again",
+                    extra={"fields": {"error": str(exc)}},
+                )
+        window.abandon()
+
+    def abandon(self) -> None:
+        """The session ends without a clean stop: nothing uncommitted is confirmed."""
+        if self.window is not None:
+            self.window.abandon()
 
     def stop_now(self) -> bool:
         """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
@@ -477,8 +605,9 @@ class Session:
 
     # -- periodic work -----------------------------------------------------------------------
 
-    def housekeeping(self, reply: bool = False) -> None:
-        """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
+    def housekeeping(self, reply: bool = False, between_records: bool = True) -> None:
+        """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive (and,
+        ``between_records``, commit or split the Kafka transaction)."""
         self.owner.require_leading()  # first: a leader that lost its lease confirms nothing
         sink = self.sink
         sink.poll(0)
@@ -493,6 +622,8 @@ class Session:
         self.progress.tick(now, self.confirmer.received)
         self.heartbeat.tick(now)
         self.retained_wal.tick(now)
+        if self.window is not None and between_records:
+            self.transaction_tick()
         self.confirmer.tick(now, acked, reply)
 
     def drain(self) -> None:
@@ -510,6 +641,8 @@ class Session:
     def shutdown(self) -> None:
         """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
         self.drain()
+        if self.window is not None:
+            self.end_transaction()
         self.confirmer.final()
         log.info(
             "stopped",

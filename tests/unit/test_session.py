@@ -22,6 +22,7 @@ from cdc_relay.errors import (
     SinkUnavailable,
     StopSession,
 )
+from cdc_relay.kafka_transaction import Resend
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
@@ -63,6 +64,7 @@ class Harness:
         frames: list[bytes],
         stop_after: int | None = None,
         reconciliation: Reconciliation | None = None,
+        resend: Resend | None = None,
         **settings: Any,
     ) -> None:
         self.settings = _settings(**settings)
@@ -85,6 +87,7 @@ class Harness:
             heartbeat=lambda: None,
             retained_wal=lambda: None,
             reconciliation=reconciliation,
+            resend=resend,
         )
 
     def run(self) -> None:

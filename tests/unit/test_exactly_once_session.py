@@ -1,0 +1,122 @@
+"""The session publishing exactly once, over fakes: records go out inside Kafka transactions, the
+slot is confirmed only up to what committed, and a failed, aborted or fenced transaction confirms
+nothing of it and is sent again (what a re-send skips and dead-letters: its notes)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
+
+from cdc_relay.errors import LeadershipLost, SinkUnavailable, StopSession
+from cdc_relay.kafka_transaction import Resend
+from cdc_relay.reconcile import POSITION_HEADER, position_prefix
+from tests.unit.test_session import DEAD_LETTER, FRAMES, TOPIC_CITY, TOPIC_ORDER, Harness, _commits
+
+LONG = 60.0  # a transaction interval no test reaches: commits only where the test says
+
+
+def test_records_go_out_in_one_kafka_transaction_confirmed_once_it_committed() -> None:
+    harness = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.session.housekeeping()
+    assert len(harness.sink.delivered) == 2  # acknowledged, but not committed
+    assert harness.store.saved == []
+    assert harness.sink.committed == []
+    harness.session.shutdown()  # a clean stop commits between transactions
+    assert harness.sink.transaction_calls == ["begin", "commit"]
+    assert [r.topic for r in harness.sink.committed] == [TOPIC_ORDER, TOPIC_CITY]
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+    records = [e for e in harness.journal if e[0] == "record"]
+    assert records, "the record is written before the slot is told"
+    assert harness.journal.index(records[-1]) < len(harness.journal) - 1
+
+
+def test_with_the_setting_off_no_transaction_is_begun() -> None:
+    harness = Harness(FRAMES)
+    harness.run()
+    assert harness.sink.transaction_calls == []
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+def test_a_due_transaction_commits_at_the_postgresql_commit() -> None:
+    harness = Harness(
+        FRAMES, exactly_once=True, transaction_interval=0.001, transaction_max_events=1
+    )
+    harness.run()
+    assert harness.sink.transaction_calls == ["begin", "commit", "begin", "commit"]
+    assert harness.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+def test_a_failed_commit_confirms_nothing_of_it_and_ends_the_session() -> None:
+    harness = Harness(FRAMES, exactly_once=True, transaction_max_events=1)
+    harness.sink.commit_fails_with = KafkaError._TIMED_OUT
+    with pytest.raises(SinkUnavailable, match="committing"):
+        harness.session.stream()
+    harness.session.abandon()
+    assert harness.sink.transaction_calls == ["begin", "abort"]
+    assert harness.sink.committed == []
+    assert harness.store.saved == []
+    assert harness.session.confirmer.acknowledged() == 0  # what the next session resumes at
+
+
+def test_a_fenced_commit_is_a_lost_leadership_that_confirms_nothing() -> None:
+    harness = Harness(FRAMES, exactly_once=True, transaction_max_events=1)
+    harness.sink.commit_fails_with = KafkaError.PRODUCER_FENCED
+    with pytest.raises(LeadershipLost, match="fenced"):
+        harness.session.stream()
+    assert harness.store.saved == []
+
+
+def test_a_record_refused_by_a_fencing_broker_is_a_lost_leadership() -> None:
+    harness = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
+    harness.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.sink.fail_in_flight(KafkaError.PRODUCER_FENCED, "Broker: producer fenced")
+    with pytest.raises(LeadershipLost):
+        harness.session.housekeeping()
+    assert harness.store.saved == []
+
+
+def test_a_record_refused_for_good_aborts_and_is_dead_lettered_when_sent_again() -> None:
+    first = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
+    first.sink.acknowledging = False
+    with pytest.raises(StopSession):
+        first.session.stream()
+    first.sink.fail_in_flight(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: message too large")
+    with pytest.raises(SinkUnavailable, match="inside a Kafka transaction"):
+        first.session.housekeeping()
+    assert first.store.saved == []
+    assert first.sink.on_topic(DEAD_LETTER) == []  # not in the aborted transaction
+
+    again = Harness(
+        FRAMES, exactly_once=True, transaction_interval=LONG, resend=first.session.resend
+    )
+    again.run()
+    letters = again.sink.on_topic(DEAD_LETTER)
+    assert [r.header("cdc_relay.topic") for r in letters] == [
+        TOPIC_ORDER.encode(),
+        TOPIC_CITY.encode(),
+    ]
+    assert {r.header("cdc_relay.error_code") for r in letters} == {b"MSG_SIZE_TOO_LARGE"}
+    assert again.sink.on_topic(TOPIC_ORDER) == []
+    assert set(map(id, letters)) <= set(map(id, again.sink.committed))
+    assert again.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+def test_a_resend_skips_the_committed_part_of_a_split_transaction() -> None:
+    first_lsn = 0
+    harness = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    positions = [r.header(POSITION_HEADER) for r in harness.sink.delivered]
+    assert positions[0] is not None
+    first_lsn = int(positions[0].split(b"/")[1], 16)
+    resend = Resend()
+    resend.note_committed(position_prefix("cdc_relay", first_lsn), 1, first_lsn)
+    again = Harness(FRAMES, exactly_once=True, transaction_interval=LONG, resend=resend)
+    again.run()
+    assert [r.topic for r in again.sink.committed] == [TOPIC_CITY]
+    assert again.stats.skipped_in_kafka == 1
+    assert again.store.saved[-1] == _commits(FRAMES)[-1]
