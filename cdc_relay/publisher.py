@@ -273,6 +273,9 @@ class Publisher:
         # its caller maps them with refusal().
         self.produce_raw: Callable[..., None] = self._producer.produce
         self.poll: Callable[[float], int] = self._producer.poll
+        if self.transactional:
+            # A transactional producer's poll raises its fatal error (fenced): mapped here.
+            self.poll = self._transactional_poll
 
     def produce(
         self,
@@ -329,6 +332,12 @@ class Publisher:
         except KafkaException:
             return False
         return True
+
+    def _transactional_poll(self, timeout: float) -> int:
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            raise self._failure(exc, "publishing") from None
 
     def _resumed(
         self, call: Callable[[float], None], doing: str, serve: Callable[[], None], limit: float

@@ -411,6 +411,8 @@ class Session:
             except Exception as exc:  # librdkafka's error, or an argument it refused
                 refused = refusal(exc)
                 if not refused.permanent:
+                    if outcome(refused.code) is Outcome.FENCED:  # only a transactional producer
+                        raise LeadershipLost(f"fenced: {refused.reason}") from None
                     raise SinkUnavailable(f"producing failed: {refused.reason}") from None
                 self.poison.refuse(
                     RefusedRecord(
