@@ -4,12 +4,16 @@ nothing of it and is sent again (what a re-send skips and dead-letters: its note
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from confluent_kafka import KafkaError
 
 from cdc_relay.errors import LeadershipLost, SinkUnavailable, StopSession
 from cdc_relay.kafka_transaction import Resend
 from cdc_relay.reconcile import POSITION_HEADER, position_prefix
+from tests.fakes import FakeSink, FakeSource, Record
 from tests.unit.test_session import DEAD_LETTER, FRAMES, TOPIC_CITY, TOPIC_ORDER, Harness, _commits
 
 LONG = 60.0  # a transaction interval no test reaches: commits only where the test says
@@ -120,3 +124,67 @@ def test_a_resend_skips_the_committed_part_of_a_split_transaction() -> None:
     assert [r.topic for r in again.sink.committed] == [TOPIC_CITY]
     assert again.stats.skipped_in_kafka == 1
     assert again.store.saved[-1] == _commits(FRAMES)[-1]
+
+
+GAP = b""  # the source has nothing more for a moment: the loop's housekeeping runs
+
+
+class GappySource(FakeSource):
+    def read(self) -> memoryview | None:
+        if self.frames and self.frames[0] == GAP:
+            self.frames.pop(0)
+            return None
+        return super().read()
+
+
+class FailingSecondCommit(FakeSink):
+    def commit_transaction(self, serve: Callable[[], None]) -> None:
+        if self.transaction_calls.count("commit") == 1:
+            self.commit_fails_with = KafkaError._TIMED_OUT
+        super().commit_transaction(serve)
+
+
+def _large_transaction(before: int, after: int) -> list[bytes]:
+    """One PostgreSQL transaction of ``before + after`` events, a pause of the stream between."""
+    relation, begin, insert, commit = FRAMES[:4]
+    return [relation, begin, *[insert] * before, GAP, *[insert] * after, commit]
+
+
+def _ordinals(records: list[Record]) -> list[int]:
+    return [int((r.header(POSITION_HEADER) or b"").rsplit(b"/", 1)[1]) for r in records]
+
+
+def test_a_too_large_transaction_is_split_at_a_tick_and_confirmed_when_whole() -> None:
+    harness = Harness(
+        _large_transaction(25, 5),
+        source_type=GappySource,
+        exactly_once=True,
+        transaction_interval=LONG,
+        transaction_max_events=1,  # split past 10 events
+    )
+    harness.run()
+    assert harness.sink.transaction_calls == ["begin", "commit", "begin", "commit"]
+    assert _ordinals(harness.sink.committed) == list(range(1, 31))
+    assert harness.store.saved[-1] == _commits(FRAMES[:4])[-1]
+
+
+def test_a_split_transaction_sent_again_skips_its_committed_part() -> None:
+    frames = _large_transaction(25, 5)
+    settings: dict[str, Any] = {
+        "exactly_once": True,
+        "transaction_interval": LONG,
+        "transaction_max_events": 1,
+    }
+    first = Harness(frames, source_type=GappySource, sink=FailingSecondCommit(), **settings)
+    with pytest.raises(SinkUnavailable):
+        first.session.stream()
+    first.session.abandon()
+    assert first.sink.transaction_calls == ["begin", "commit", "begin", "abort"]
+    assert _ordinals(first.sink.committed) == list(range(1, 26))
+    assert first.store.saved == []  # the transaction is not whole: nothing of it confirmed
+
+    again = Harness(frames, source_type=GappySource, resend=first.session.resend, **settings)
+    again.run()
+    assert _ordinals(again.sink.committed) == list(range(26, 31))  # the rest, once
+    assert again.stats.skipped_in_kafka == 25
+    assert again.store.saved[-1] == _commits(FRAMES[:4])[-1]

@@ -65,13 +65,15 @@ class Harness:
         stop_after: int | None = None,
         reconciliation: Reconciliation | None = None,
         resend: Resend | None = None,
+        source_type: type[FakeSource] = FakeSource,
+        sink: FakeSink | None = None,
         **settings: Any,
     ) -> None:
         self.settings = _settings(**settings)
         self.journal: list[Any] = []
         self.owner = FakeOwner()
-        self.source = FakeSource(frames, self.owner, self.journal, stop_after)
-        self.sink = FakeSink()
+        self.source = source_type(frames, self.owner, self.journal, stop_after)
+        self.sink = sink or FakeSink()
         self.store = FakeStore(self.journal)
         self.stats = RelayStats()
         self.session = Session(
