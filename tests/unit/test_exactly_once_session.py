@@ -4,6 +4,7 @@ nothing of it and is sent again (what a re-send skips and dead-letters: its note
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from confluent_kafka import KafkaError
 from cdc_relay.errors import LeadershipLost, SinkUnavailable, StopSession
 from cdc_relay.kafka_transaction import Resend
 from cdc_relay.reconcile import POSITION_HEADER, position_prefix
+from cdc_relay.session import HOUSEKEEPING_SPACING
 from tests.fakes import FakeSink, FakeSource, Record
 from tests.unit.test_session import DEAD_LETTER, FRAMES, TOPIC_CITY, TOPIC_ORDER, Harness, _commits
 
@@ -114,6 +116,7 @@ def test_a_resend_skips_the_committed_part_of_a_split_transaction() -> None:
     harness = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
     with pytest.raises(StopSession):
         harness.session.stream()
+    harness.session.housekeeping()
     positions = [r.header(POSITION_HEADER) for r in harness.sink.delivered]
     assert positions[0] is not None
     first_lsn = int(positions[0].split(b"/")[1], 16)
@@ -133,6 +136,7 @@ class GappySource(FakeSource):
     def read(self) -> memoryview | None:
         if self.frames and self.frames[0] == GAP:
             self.frames.pop(0)
+            time.sleep(HOUSEKEEPING_SPACING * 2)  # so the loop's housekeeping runs now
             return None
         return super().read()
 
