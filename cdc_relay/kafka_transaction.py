@@ -19,8 +19,10 @@ ticks — never about single records, so publishing costs what it costs without 
   (:class:`Resend`), so that a re-send skips it: still each event once,
   but a ``read_committed`` consumer may see the first part before the rest.
 
-A commit that fails ends the session (:mod:`cdc_relay.transaction_errors` says how): nothing held
-by it is released, so nothing of it is confirmed, and the next session sends it again.
+A commit that fails, or a delivery that fails inside the transaction, ends the session
+(:mod:`cdc_relay.transaction_errors` says how; fenced: the relay stands by): nothing held by it is
+released, so nothing of it is confirmed, and the next session sends it again, with the notes of
+:class:`Resend`.
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from cdc_relay.config import Settings
+from cdc_relay.errors import LeadershipLost, SinkUnavailable
 from cdc_relay.lsn import format_lsn
+from cdc_relay.reconcile import POSITION_HEADER
+from cdc_relay.transaction_errors import Outcome, outcome
 from cdc_relay.watermark import PendingTransaction
+
+if TYPE_CHECKING:
+    from cdc_relay.publisher import DeliveryFailure, DeliveryTracker
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,28 @@ class TransactionalSink(Protocol):
     def abort_transaction(self) -> bool: ...
 
 
+def transactional(
+    settings: Settings,
+    sink: TransactionalSink,
+    resend: Resend,
+    serve: Callable[[], None],
+    tracker: DeliveryTracker,
+) -> KafkaTransaction | None:
+    """The session's Kafka transaction, with ``CDC_RELAY_EXACTLY_ONCE``; else None."""
+    if not settings.exactly_once:
+        return None
+    timeout_ms = int(settings.producer_config()["transaction.timeout.ms"])
+    return KafkaTransaction(
+        sink,
+        resend,
+        interval=settings.transaction_interval,
+        max_events=settings.transaction_max_events,
+        split_after=timeout_ms / 2000,  # half the broker's patience with an open transaction
+        serve=serve,
+        tracker=tracker,
+    )
+
+
 class KafkaTransaction:
     """The open Kafka transaction and the PostgreSQL transactions it holds."""
 
@@ -59,9 +90,13 @@ class KafkaTransaction:
         interval: float,
         max_events: int,
         split_after: float,
+        serve: Callable[[], None] = lambda: None,
+        tracker: DeliveryTracker | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sink = sink
+        self._serve = serve  # the loop's duties while a commit waits
+        self._tracker = tracker  # the deliveries' failures
         self.resend = resend
         self._interval = interval
         self._max_events = max_events
@@ -111,14 +146,23 @@ class KafkaTransaction:
             or self._clock() - self.opened_at >= self._split_after
         )
 
-    def commit(self, serve: Callable[[], None]) -> None:
-        """Commit (between PostgreSQL transactions), then release what it held. ``serve``: the
-        loop's duties while the commit waits. Raises what the commit raised, releasing nothing."""
+    def tick(self) -> None:
+        """Housekeeping between records: commit a due Kafka transaction between PostgreSQL
+        transactions, split a too large one."""
+        if self.open is None:
+            if self.due():
+                self.commit()
+        elif self.too_large():
+            self.split()
+
+    def commit(self) -> None:
+        """Commit (between PostgreSQL transactions), then release what it held. Raises what the
+        commit raised (naming the delivery that failed, if one did), releasing nothing."""
         if self.open is not None:
             raise AssertionError("a Kafka transaction commits between PostgreSQL transactions")
-        self._commit(serve)
+        self._commit()
 
-    def split(self, serve: Callable[[], None]) -> None:
+    def split(self) -> None:
         """Commit with the open PostgreSQL transaction's part so far; the rest goes on in the
         next Kafka transaction (a tick while it is open found it :meth:`too_large`)."""
         txn = self.open
@@ -131,14 +175,19 @@ class KafkaTransaction:
                 extra={"fields": {"commit_lsn": format_lsn(txn.commit_lsn), "events": txn.events}},
             )
         self.events += txn.events - self._base
-        self._commit(serve)
+        self._commit()
         self.resend.note_committed(txn.position, txn.events, txn.commit_lsn)
         self._base = txn.events
         self.join(txn)
 
-    def _commit(self, serve: Callable[[], None]) -> None:
+    def _commit(self) -> None:
         if self.events:
-            self._sink.commit_transaction(serve)
+            try:
+                self._sink.commit_transaction(self._serve)
+            except SinkUnavailable:
+                if self._tracker is not None and self._tracker.failures:
+                    self.failed()  # says which delivery failed, and remembers it
+                raise
             self.begun = False
             self.commits += 1
         # else: nothing was produced in it; the (local) transaction stays begun for the next
@@ -146,6 +195,43 @@ class KafkaTransaction:
             txn.committed()
         self.held.clear()
         self.events = 0
+
+    def failed(self) -> NoReturn:
+        """A delivery failed inside the Kafka transaction: it cannot commit. Fenced: stand by;
+        else the session ends and the transaction is sent again, the records the broker refused
+        for good remembered (dead-lettered, or stopping, when they come again)."""
+        assert self._tracker is not None
+        failures = self._tracker.take_failures()
+        if any(outcome(f.code) is Outcome.FENCED for f in failures):
+            raise LeadershipLost("fenced: another producer of the slot took over")
+        for failure in failures:
+            if failure.permanent and not failure.dead_letter:
+                self._remember_refusal(failure)
+        first = failures[0]
+        raise SinkUnavailable(
+            f"delivery to {first.topic!r} failed inside a Kafka transaction ({first.reason}): "
+            "it is sent again from the last committed position"
+        )
+
+    def _remember_refusal(self, failure: DeliveryFailure) -> None:
+        for name, value in reversed(failure.headers):
+            if name == POSITION_HEADER:
+                lsn = failure.txn.commit_lsn
+                self.resend.note_refused(value, failure.code, failure.reason, lsn)
+                return
+
+    def end(self) -> None:
+        """A clean stop: commit what is held (between PostgreSQL transactions), else abort."""
+        if self.open is None and self.held:
+            try:
+                self.commit()
+                return
+            except (SinkUnavailable, LeadershipLost) as exc:
+                log.error(
+                    "the last Kafka transaction did not commit: it is sent again",
+                    extra={"fields": {"error": str(exc)}},
+                )
+        self.abandon()
 
     def abandon(self) -> None:
         """The session ends without committing: abort (a best effort; the next producer's fence

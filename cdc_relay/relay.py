@@ -463,7 +463,7 @@ class Relay:
                 self._resend = session.resend
                 if not clean:
                     # Nothing uncommitted is confirmed; the next producer's fence ends it too.
-                    session.abandon()
+                    session.window.abandon()
                     self._drop_publisher(purge=True)
 
     def _fence_then_read_back(

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
@@ -51,19 +51,23 @@ from cdc_relay.errors import (
     SinkUnavailable,
     StopSession,
 )
-from cdc_relay.kafka_transaction import KafkaTransaction, Resend, TransactionalSink
+from cdc_relay.kafka_transaction import Resend, TransactionalSink, transactional
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MessageMapping, OutboxMapping
+from cdc_relay.outbox import (
+    TRACEPARENT_HEADER_INDEX,
+    MessageMapping,
+    OutboxMapping,
+    OutboxRecord,
+)
 from cdc_relay.partition_notes import PartitionNotes
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
-    DeliveryFailure,
     DeliveryTracker,
     ProduceRefused,
     TransactionCallback,
@@ -184,18 +188,10 @@ class Session:
         )
         # Publishing exactly once: the open Kafka transaction, and what a re-send must know.
         self.resend = (resend or Resend()).from_position(start)
-        self.window: KafkaTransaction | None = None
-        if settings.exactly_once:
-            timeout_ms = int(settings.producer_config()["transaction.timeout.ms"])
-            self.window = KafkaTransaction(
-                sink,
-                self.resend,
-                interval=settings.transaction_interval,
-                max_events=settings.transaction_max_events,
-                split_after=timeout_ms / 2000,
-            )
-            if self.in_kafka is None and self.resend.found:
-                self.in_kafka = self.resend
+        serve = partial(self.housekeeping, between_records=False)  # while a commit waits
+        self.window = transactional(settings, sink, self.resend, serve, self.tracker)
+        if self.window is not None and self.in_kafka is None and self.resend.found:
+            self.in_kafka = self.resend
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
         self.poison = PoisonPolicyHandler(
@@ -283,7 +279,7 @@ class Session:
                             observe_receive(time.time() - txn.commit_time)
                         watermark.seal(txn, message.end_lsn)
                         if window is not None and window.sealed(txn):
-                            self.commit_transaction()
+                            window.commit()
                         stats.transactions += 1
                         txn = None
                         callback = None
@@ -459,8 +455,7 @@ class Session:
         position: bytes,
         event_id: str | None,
         table: str = "",
-        record: tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]], Any, Any]
-        | None = None,
+        record: OutboxRecord | None = None,
     ) -> bool:
         """During the replayed window: was this event read back from Kafka at the start (or, in
         a re-send, committed by a split)? Then it counts as delivered (its transaction waits for
@@ -478,18 +473,10 @@ class Session:
         if found.in_kafka(position, event_id):
             self.stats.skipped_in_kafka += 1
             return True
-        refusal = found.refused(position) if record is not None else None
-        if refusal is None or record is None:
+        refused = found.refused(position) if record is not None else None
+        if refused is None or record is None:
             return False
-        refused = ProduceRefused(*refusal)
-        topic, key, value, headers = record[0], record[1], record[2], record[3]
-        self.poison.refuse(
-            RefusedRecord(
-                txn=txn, table=table, reason=refused.reason, code=refused.name,
-                event_id=event_id, topic=topic, key=key, value=value, headers=headers,
-                too_large=refused.too_large,
-            )
-        )  # fmt: skip
+        self.poison.refuse(RefusedRecord.of_record(txn, table, record, ProduceRefused(*refused)))
         return True
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
@@ -513,87 +500,9 @@ class Session:
 
     def handle_failures(self) -> None:
         if self.window is not None:
-            self.transaction_failed()
+            self.window.failed()
         for failure in self.tracker.take_failures():
             self.poison.delivery_failed(failure)
-
-    # -- Kafka transactions (CDC_RELAY_EXACTLY_ONCE) -------------------------------------------
-
-    def commit_transaction(self, split: bool = False) -> None:
-        """Commit the Kafka transaction (between PostgreSQL transactions, or ``split`` inside a
-        too large one); a failed commit ends the session, confirming nothing it held."""
-        window = self.window
-        assert window is not None
-        try:
-            if split:
-                window.split(self.keep_in_touch)
-            else:
-                window.commit(self.keep_in_touch)
-        except SinkUnavailable:
-            if self.tracker.failures:
-                self.transaction_failed()  # says which delivery failed, and remembers it
-            raise
-
-    def transaction_tick(self) -> None:
-        """Housekeeping: commit a due Kafka transaction between PostgreSQL transactions, split
-        a too large one."""
-        window = self.window
-        assert window is not None
-        if window.open is None:
-            if window.due():
-                self.commit_transaction()
-        elif window.too_large():
-            self.commit_transaction(split=True)
-
-    def keep_in_touch(self) -> None:
-        """While a transactional call waits: the lease, and the slot's status updates."""
-        self.owner.require_leading()
-        now = time.monotonic()
-        self.stats.last_loop = now
-        self.confirmer.tick(now, self.tracker.acked)
-
-    def transaction_failed(self) -> NoReturn:
-        """A delivery failed inside the Kafka transaction: it cannot commit. Fenced: stand by;
-        else the session ends and the transaction is sent again, the records the broker refused
-        for good remembered (dead-lettered, or stopping, when they come again)."""
-        failures = self.tracker.take_failures()
-        if any(outcome(f.code) is Outcome.FENCED for f in failures):
-            raise LeadershipLost("fenced: another producer of the slot took over")
-        for failure in failures:
-            if failure.permanent and not failure.dead_letter:
-                self.remember_refusal(failure)
-        first = failures[0]
-        raise SinkUnavailable(
-            f"delivery to {first.topic!r} failed inside a Kafka transaction ({first.reason}): "
-            "it is sent again from the last committed position"
-        )
-
-    def remember_refusal(self, failure: DeliveryFailure) -> None:
-        for name, value in reversed(failure.headers):
-            if name == POSITION_HEADER:
-                lsn = failure.txn.commit_lsn
-                self.resend.note_refused(value, failure.code, failure.reason, lsn)
-                return
-
-    def end_transaction(self) -> None:
-        """A clean stop: commit what is held (between PostgreSQL transactions), else abort."""
-        window = self.window
-        assert window is not None
-        if window.open is None and window.held:
-            try:
-                self.commit_transaction()
-                return
-            except (SinkUnavailable, LeadershipLost) as exc:
-                log.error(
-                    "the last Kafka transaction did not commit: it is sent again",
-                    extra={"fields": {"error": str(exc)}},
-                )
-        window.abandon()
-
-    def abandon(self) -> None:
-        """The session ends without a clean stop: nothing uncommitted is confirmed."""
-        if self.window is not None:
-            self.window.abandon()
 
     def stop_now(self) -> bool:
         """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
@@ -625,7 +534,7 @@ class Session:
         self.heartbeat.tick(now)
         self.retained_wal.tick(now)
         if self.window is not None and between_records:
-            self.transaction_tick()
+            self.window.tick()
         self.confirmer.tick(now, acked, reply)
 
     def drain(self) -> None:
@@ -644,7 +553,7 @@ class Session:
         """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
         self.drain()
         if self.window is not None:
-            self.end_transaction()
+            self.window.end()
         self.confirmer.final()
         log.info(
             "stopped",

@@ -59,7 +59,8 @@ def test_a_failed_commit_confirms_nothing_of_it_and_ends_the_session() -> None:
     harness.sink.commit_fails_with = KafkaError._TIMED_OUT
     with pytest.raises(SinkUnavailable, match="committing"):
         harness.session.stream()
-    harness.session.abandon()
+    assert harness.session.window is not None
+    harness.session.window.abandon()
     assert harness.sink.transaction_calls == ["begin", "abort"]
     assert harness.sink.committed == []
     assert harness.store.saved == []
@@ -182,7 +183,8 @@ def test_a_split_transaction_sent_again_skips_its_committed_part() -> None:
     first = Harness(frames, source_type=GappySource, sink=FailingSecondCommit(), **settings)
     with pytest.raises(SinkUnavailable):
         first.session.stream()
-    first.session.abandon()
+    assert first.session.window is not None
+    first.session.window.abandon()
     assert first.sink.transaction_calls == ["begin", "commit", "begin", "abort"]
     assert _ordinals(first.sink.committed) == list(range(1, 26))
     assert first.store.saved == []  # the transaction is not whole: nothing of it confirmed

@@ -82,7 +82,7 @@ def test_acknowledged_transactions_are_confirmed_only_once_their_kafka_transacti
     assert sink.calls == ["begin"]  # one Kafka transaction for both
     clock.now += 0.125
     assert window.due()
-    window.commit(_noop)
+    window.commit()
     assert sink.calls == ["begin", "commit"]
     assert watermark.advance() == 208
 
@@ -99,7 +99,7 @@ def test_it_never_commits_inside_a_postgresql_transaction() -> None:
     window.join(txn)
     clock.now += 10
     with pytest.raises(AssertionError):
-        window.commit(_noop)
+        window.commit()
     assert sink.calls == ["begin"]
 
 
@@ -109,7 +109,7 @@ def test_a_failed_commit_releases_nothing() -> None:
     sink.fail_commit = True
     clock.now += 1
     with pytest.raises(SinkUnavailable):
-        window.commit(_noop)
+        window.commit()
     assert watermark.advance() == 0
     window.abandon()
     assert sink.calls == ["begin", "abort"]
@@ -120,12 +120,12 @@ def test_transactions_without_events_are_released_without_a_kafka_commit() -> No
     window, sink, clock, watermark = _window()
     _transaction(window, watermark, 100, 0)
     clock.now += 1
-    window.commit(_noop)
+    window.commit()
     assert sink.calls == ["begin"]  # begun, empty: kept for the next
     assert watermark.advance() == 108
     _transaction(window, watermark, 200, 1)
     clock.now += 1
-    window.commit(_noop)
+    window.commit()
     assert sink.calls == ["begin", "commit"]
 
 
@@ -138,7 +138,7 @@ def test_a_too_large_transaction_is_split_and_its_committed_part_noted() -> None
         txn.produced()
         txn.acknowledged()
     assert window.too_large()
-    window.split(_noop)
+    window.split()
     assert sink.calls == ["begin", "commit", "begin"]
     assert watermark.advance() == 0  # the transaction is not whole yet
     assert window.resend.in_kafka(position_prefix("s", 100) + b"20", None)
@@ -151,7 +151,7 @@ def test_a_too_large_transaction_is_split_and_its_committed_part_noted() -> None
     assert not window.sealed(txn)  # one event since the split: under the bound
     clock.now += 1
     assert window.due()
-    window.commit(_noop)
+    window.commit()
     assert watermark.advance() == 108
 
 
