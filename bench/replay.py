@@ -55,6 +55,7 @@ from cdc_relay.replication.protocol import XLOG_DATA, XLOG_DATA_PAYLOAD_OFFSET
 from cdc_relay.replication.stream import ReplicationStream
 from cdc_relay.session import Session
 from cdc_relay.topics import TopicRules
+from cdc_relay.transactional_id import transactional_id
 
 DRAIN_BYTES = 16 * 1024  # libpq reads about this much at a time: the loop sees it run out
 _LENGTH = struct.Struct(">I")
@@ -178,7 +179,9 @@ def replay_once(
 ) -> dict[str, float]:
     """One replay through a fresh session; CPU of the main thread and the process, per event."""
     owner, stats = ReplayOwner(), RelayStats()
-    publisher = Publisher(settings.producer_config(), stats)
+    publisher = Publisher(settings.producer_config(), stats, _transactional_id(settings))
+    if publisher.transactional:  # CDC_RELAY_EXACTLY_ONCE: the fence, as a leader's start does
+        publisher.init_transactions(lambda: None)
     url = settings.database_url.get_secret_value()
     with psycopg.connect(url, autocommit=True) as conn:
         store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
@@ -204,6 +207,8 @@ def replay_once(
         with contextlib.suppress(StopSession):  # raised once the recording is all read
             session.stream()
         session.drain()
+        if session.window is not None:
+            session.window.end()  # the last Kafka transaction commits, as on a clean stop
         main = time.thread_time() - main
         process = _process_cpu() - process
         wall = time.perf_counter() - wall
@@ -219,6 +224,11 @@ def replay_once(
         "main_us_per_event": main / published * 1e6,
         "process_us_per_event": process / published * 1e6,
     }
+
+
+def _transactional_id(settings: Settings) -> str | None:
+    """With CDC_RELAY_EXACTLY_ONCE, the replay's producer is transactional, as the relay's."""
+    return transactional_id("bench", settings.slot_name) if settings.exactly_once else None
 
 
 def _process_cpu() -> float:

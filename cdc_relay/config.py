@@ -542,7 +542,32 @@ def _producer_properties(value: Any) -> Any:
     for key, forced in _ENFORCED_PRODUCER_PROPERTIES.items():
         if key in props and props[key].lower() != forced:
             raise ValueError(f"{key} must stay {forced}: ordering and no-loss depend on it")
+    if "transactional.id" in props:
+        raise ValueError(
+            "transactional.id is the relay's own: with CDC_RELAY_EXACTLY_ONCE it is derived from "
+            "the database and the slot, shared by every relay of the slot (README: Exactly once)"
+        )
     return props
+
+
+# librdkafka's default transaction.timeout.ms; the relay's Kafka transactions use it unless set.
+DEFAULT_TRANSACTION_TIMEOUT_MS = "60000"
+
+
+def _record_times_out_in_its_transaction(settings: Settings) -> Settings:
+    if not settings.exactly_once:
+        return settings
+    props = settings.kafka_producer_config
+    transaction = props.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS).strip()
+    message = props.get("message.timeout.ms", "").strip()
+    if message.isdigit() and transaction.isdigit() and not 0 < int(message) <= int(transaction):
+        raise ValueError(
+            f"with {env_name('exactly_once')}, message.timeout.ms ({message}) must be 1.."
+            f"transaction.timeout.ms ({transaction}) in {env_name('kafka_producer_config')}: a "
+            "record Kafka does not take must fail inside its transaction, which is then aborted "
+            "and sent again"
+        )
+    return settings
 
 
 def _lease_outlasts_renewals(settings: Settings) -> Settings:
@@ -885,6 +910,7 @@ class Settings(BaseSettings):
     _topics_need = model_validator(mode="after")(_topics_have_their_columns)
     _retention_needs_created_at = model_validator(mode="after")(_retention_has_its_column)
     _conditions_per_table = model_validator(mode="after")(_conditions_set_per_table)
+    _record_timeout = model_validator(mode="after")(_record_times_out_in_its_transaction)
 
     def __repr_args__(self) -> Any:
         # repr()/str() must be as safe to log as describe(): mask credential properties.
@@ -926,6 +952,13 @@ class Settings(BaseSettings):
         }
         config.update(self.kafka_producer_config)
         config.update(_ENFORCED_PRODUCER_PROPERTIES)
+        if self.exactly_once:
+            # librdkafka requires message.timeout.ms <= transaction.timeout.ms; a record not
+            # delivered by then fails, and its transaction is aborted and sent again (never
+            # "forever": the broker would abort the transaction on its own meanwhile).
+            timeout = config.setdefault("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
+            if config["message.timeout.ms"] == "0":
+                config["message.timeout.ms"] = timeout
         return config
 
     def describe(self) -> dict[str, Any]:

@@ -4,6 +4,11 @@ The relay confirms a position P only when Kafka has acknowledged every event com
 P is the contiguous watermark of :mod:`cdc_relay.watermark` (the end LSN of the newest
 transaction that, with every transaction before it, is sealed and fully acknowledged), or, with
 nothing in flight, the server's WAL end that a keepalive reported (an idle outbox pins no WAL).
+Publishing exactly once (``CDC_RELAY_EXACTLY_ONCE``), "fully acknowledged" includes its Kafka
+transaction's commit: each transaction is held from its Begin until the Kafka transaction it
+joined committed (:mod:`cdc_relay.kafka_transaction`), so P never passes an event a
+``read_committed`` consumer cannot see yet; an aborted or fenced Kafka transaction releases
+nothing, and nothing of it is confirmed.
 
 Confirming is two writes, in this order, and nothing else confirms:
 

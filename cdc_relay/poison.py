@@ -36,6 +36,7 @@ from cdc_relay.errors import (
 )
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
+from cdc_relay.outbox import OutboxRecord
 from cdc_relay.publisher import (
     DeliveryCallback,
     DeliveryFailure,
@@ -84,6 +85,24 @@ class RefusedRecord:
             value=failure.value,
             headers=failure.headers,
             too_large=failure.too_large,
+        )
+
+    @classmethod
+    def of_record(
+        cls, txn: PendingTransaction, table: str, record: OutboxRecord, refused: ProduceRefused
+    ) -> RefusedRecord:
+        """A mapped record known to be refused (a re-send remembers the broker's refusal)."""
+        return cls(
+            txn=txn,
+            table=table,
+            reason=refused.reason,
+            code=refused.name,
+            event_id=record.event_id,
+            topic=record.topic,
+            key=record.key,
+            value=record.value,
+            headers=record.headers,
+            too_large=refused.too_large,
         )
 
 

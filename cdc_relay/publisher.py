@@ -5,7 +5,8 @@ are acknowledged to their transaction (see :mod:`cdc_relay.watermark`); failures
 and classified here as *permanent* for that record (dead-letter or stop) or *transient* (rebuild and
 resume). librdkafka's exceptions are mapped here, in :func:`refusal`, to the project's own errors;
 the one place they surface unmapped is the hot path's bound ``produce_raw``, whose caller hands
-whatever it raises straight to :func:`refusal`.
+whatever it raises straight to :func:`refusal`. Publishing exactly once, the producer is
+transactional: its transactional calls' errors are mapped by :mod:`cdc_relay.transaction_errors`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc_relay.config import legal_topic
-from cdc_relay.errors import SinkUnavailable
+from cdc_relay.errors import RelayError, SinkUnavailable
 from cdc_relay.logs import cut
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.transaction_errors import resumable, transaction_failure
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,11 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
 UNPRODUCIBLE = "UNPRODUCIBLE_RECORD"  # error code of a record confluent-kafka refused to take
 METADATA_TIMEOUT = 10.0
+# A transactional call waits at most this long at a time; a timed-out call is called again
+# (librdkafka resumes it) after the caller's duties (the slot's status, the lease) are served.
+TRANSACTION_CALL_TIMEOUT = 0.1
+INIT_TRANSACTIONS_LIMIT = 30.0  # then the session ends and the start is retried
+ABORT_LIMIT = 1.0  # a best effort: the next producer's fence aborts what this one left open
 # Connection and security properties: all an AdminClient needs (it refuses producer ones).
 _CLIENT_PROPERTY_PREFIXES = (
     "bootstrap.servers",
@@ -239,19 +246,36 @@ class Publisher:
 
     __deletable__ = ("_producer", "produce_raw", "poll")  # close() drops them (mypyc allows it)
 
-    def __init__(self, config: dict[str, str], stats: RelayStats) -> None:
+    def __init__(
+        self, config: dict[str, str], stats: RelayStats, transactional_id: str | None = None
+    ) -> None:
         self._stats = stats
         self._last_error_log = 0.0
         self.fatal_error: str | None = None
+        self._fatal: Any = None  # the fatal KafkaError, mapped when the loop checks
         self._config = config
         self._admin: AdminClient | None = None
+        self.transactional = transactional_id is not None
+        own = {} if transactional_id is None else {"transactional.id": transactional_id}
+        # How long a transaction's commit may be resumed: the broker aborts it after this.
+        self.transaction_timeout = (
+            int(config.get("transaction.timeout.ms", "60000")) / 1000 if self.transactional else 0
+        )
         self._producer = Producer(
-            {**config, "error_cb": self._on_error, "logger": logging.getLogger("cdc_relay.kafka")}
+            {
+                **config,
+                **own,
+                "error_cb": self._on_error,
+                "logger": logging.getLogger("cdc_relay.kafka"),
+            }
         )
         # Bound once: these sit on the hot path. produce_raw raises librdkafka's own exceptions:
         # its caller maps them with refusal().
         self.produce_raw: Callable[..., None] = self._producer.produce
         self.poll: Callable[[float], int] = self._producer.poll
+        if self.transactional:
+            # A transactional producer's poll raises its fatal error (fenced): mapped here.
+            self.poll = self._transactional_poll
 
     def produce(
         self,
@@ -276,7 +300,69 @@ class Publisher:
 
     def check_fatal(self) -> None:
         if self.fatal_error is not None:
+            if self.transactional:  # fenced: stand by; else rebuilt
+                raise transaction_failure(self._fatal, "publishing")
             raise SinkUnavailable(f"the Kafka producer failed fatally: {self.fatal_error}")
+
+    # -- Kafka transactions (CDC_RELAY_EXACTLY_ONCE) -------------------------------------------
+
+    def init_transactions(self, serve: Callable[[], None]) -> None:
+        """The fence: the broker refuses every older producer of this transactional.id from now
+        on (and aborts its open transaction). ``serve`` runs between the resumed waits."""
+        self._resumed(self._producer.init_transactions, "init_transactions", serve,
+                      INIT_TRANSACTIONS_LIMIT)  # fmt: skip
+
+    def begin_transaction(self) -> None:
+        """Local and cheap: the next records belong to a new Kafka transaction."""
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise self._failure(exc, "beginning a Kafka transaction") from None
+
+    def commit_transaction(self, serve: Callable[[], None]) -> None:
+        """Deliver what is queued and commit; resumed while it times out, up to the transaction
+        timeout (then the broker has aborted it). SinkUnavailable when it must be aborted."""
+        self._resumed(self._producer.commit_transaction, "committing a Kafka transaction", serve,
+                      self.transaction_timeout)  # fmt: skip
+
+    def abort_transaction(self) -> bool:
+        """A best effort (bounded): True when the broker confirmed the abort."""
+        try:
+            self._producer.abort_transaction(ABORT_LIMIT)
+        except KafkaException:
+            return False
+        return True
+
+    def _transactional_poll(self, timeout: float) -> int:
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            raise self._failure(exc, "publishing") from None
+
+    def _resumed(
+        self, call: Callable[[float], None], doing: str, serve: Callable[[], None], limit: float
+    ) -> None:
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                call(TRANSACTION_CALL_TIMEOUT)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if (
+                    isinstance(error, KafkaError)
+                    and resumable(error)
+                    and time.monotonic() < deadline
+                ):
+                    serve()
+                    continue
+                raise self._failure(exc, doing) from None
+
+    def _failure(self, exc: KafkaException, doing: str) -> RelayError:
+        error = exc.args[0] if exc.args else None
+        if not isinstance(error, KafkaError):
+            return SinkUnavailable(f"{doing} failed: {exc}")
+        return transaction_failure(error, doing)
 
     def close(self, purge: bool) -> None:
         """Purge (records will be re-sent by the next session) or just drop the producer."""
@@ -385,6 +471,7 @@ class Publisher:
         self._stats.producer_errors += 1
         if err.fatal():
             self.fatal_error = err.str()
+            self._fatal = err
         now = time.monotonic()
         if err.fatal() or now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now

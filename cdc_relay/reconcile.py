@@ -179,6 +179,10 @@ class Reconciliation:
         found = self.found.get(position)
         return found is not None and found == text_bytes(event_id or "")
 
+    def refused(self, position: bytes) -> tuple[int, str] | None:
+        """A read-back knows of no refusal (the session asks a re-send's notes the same way)."""
+        return None
+
 
 def read_starts(
     offsets: Mapping[tuple[str, int], int], noted: Mapping[tuple[str, int], int]
@@ -390,13 +394,15 @@ def read_partitions(
     check: ReadBackCheck,
     timeout: float,
     stopping: Callable[[], bool] = lambda: False,
+    committed_only: bool = False,
 ) -> str | None:
     """Fetch each partition of ``check`` from its start to its end (the partition-EOF event: the
     fetch response's high watermark, right even where ListOffsets is not), feeding ``check``.
     Returns an error when the read went wrong.
 
     Of each record only :data:`NEEDED_HEADERS` reach ``check``; a plain consumer with no group
-    commits (``read_uncommitted``: what an ordinary consumer sees).
+    commits (``read_uncommitted``: what an ordinary consumer sees; ``committed_only``, publishing
+    exactly once: ``read_committed``, what its consumers see, read after the fence).
     """
     starts = check.starts
     if not starts:
@@ -417,7 +423,7 @@ def read_partitions(
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
-            "isolation.level": "read_uncommitted",
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
             "fetch.wait.max.ms": 20,  # the end is known when a fetch returns: don't linger
             "queued.max.messages.kbytes": QUEUED_KBYTES,
             # A full queue postpones the next fetch by this much (1 s by default, with which a
@@ -466,6 +472,7 @@ def reconcile_with_kafka(
     noted: Mapping[tuple[str, int], int] | None,
     timeout: float,
     stopping: Callable[[], bool] = lambda: False,
+    committed_only: bool = False,
 ) -> Reconciliation:
     """Read the unconfirmed window back from Kafka and decide (logs what it found or doubts)."""
     started = time.monotonic()
@@ -473,7 +480,7 @@ def reconcile_with_kafka(
         log.info("nothing to reconcile: no offsets recorded with the position")
         return Reconciliation()
     check = ReadBackCheck(slot, recorded_lsn, offsets or {}, noted)
-    error = read_partitions(client_config, check, timeout, stopping)
+    error = read_partitions(client_config, check, timeout, stopping, committed_only)
     if error is not None:
         result = _doubt(Reconciliation(partitions=len(check.starts)), f"reading failed: {error}")
         result.records_read = check.records_read

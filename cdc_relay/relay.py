@@ -7,7 +7,11 @@ checks, the position, the slot, ``START_REPLICATION``, the read-back from Kafka)
 Kafka producer that stops making progress ends a session; the next one starts, after a backoff,
 from the position everything before which Kafka acknowledged — never a lost event. A lost
 leadership (:class:`~cdc_relay.errors.LeadershipLost`, handled in :meth:`Relay._lead` only)
-drops what is in flight and makes a standby again. What the relay cannot fix (configuration,
+drops what is in flight and makes a standby again. Publishing exactly once
+(``CDC_RELAY_EXACTLY_ONCE``), the producer is transactional and fences every older producer of
+the slot before the read-back; a session that ends without a clean stop aborts its open Kafka
+transaction, drops its producer, and the next one resumes at the committed position it carries,
+without a read-back (:mod:`cdc_relay.kafka_transaction`). What the relay cannot fix (configuration,
 prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
 whose exit code the CLI returns. The HTTP server, the metrics and the sweeper run beside.
 
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
+    from cdc_relay.kafka_transaction import Resend
     from cdc_relay.observability.metrics import RelayMetrics
     from cdc_relay.publisher import Publisher
     from cdc_relay.reconcile import Offsets, Reconciliation
@@ -81,6 +86,11 @@ class RelayStart(Protocol):
 
     @property
     def resume_position(self) -> int: ...
+
+    @property
+    def resumes_carried(self) -> bool:
+        """The started session resumes at the position the previous one of this leadership
+        carried over (:meth:`carry`)."""
 
     def check_database(self) -> None: ...
 
@@ -119,6 +129,8 @@ class Relay:
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
         self._publisher: Publisher | None = None
+        # Exactly once: what the next session of this leadership must know to send again.
+        self._resend: Resend | None = None
         # The topic creation limit is per process; made with the first session (it needs Kafka).
         self.topic_rules: TopicRules | None = None
         if (leadership is None) != (start is None):
@@ -252,6 +264,7 @@ class Relay:
                 extra={"fields": {"reason": str(exc)}},
             )
             self.start.forget()  # the next leader's record is the truth now
+            self._resend = None
             self.leadership.resign()
         finally:
             self._drop_publisher(purge=False)
@@ -390,10 +403,14 @@ class Relay:
             if self.topic_rules is None:
                 self.topic_rules = TopicRules(settings)
 
-        # The rest of the start-up overlaps the server's: while the walsender decodes the WAL up
-        # to the start, the read-back from Kafka runs on a thread of its own and this one loads
-        # the session's code and builds the producer. Nothing is published before both are done.
-        reconciliation, noted = self.start.read_back(started, meanwhile=build_publishing)
+        if settings.exactly_once:
+            reconciliation, noted = self._fence_then_read_back(started)
+        else:
+            # The rest of the start-up overlaps the server's: while the walsender decodes the WAL
+            # up to the start, the read-back from Kafka runs on a thread of its own and this one
+            # loads the session's code and builds the producer. Nothing is published before both
+            # are done.
+            reconciliation, noted = self.start.read_back(started, meanwhile=build_publishing)
         assert self._publisher is not None
         assert self.topic_rules is not None
         self.stats.sessions += 1
@@ -426,18 +443,60 @@ class Relay:
             offsets=started.offsets,
             reconciliation=reconciliation,
             noted=noted,
+            resend=self._resend,
         )
+        clean = False
         try:
             session.stream()
         except StopSession:
             session.shutdown()
+            clean = True
         except SourceUnavailable:
-            # Deliveries still in flight count toward the position the next session resumes at.
-            session.drain()
+            if session.window is None:
+                # Deliveries in flight count toward the position the next session resumes at.
+                session.drain()
             raise
         finally:
             self.start.carry(session.confirmer.acknowledged(), dict(session.watermark.offsets))
             self.stats.streaming = False
+            if session.window is not None:
+                self._resend = session.resend
+                if not clean:
+                    # Nothing uncommitted is confirmed; the next producer's fence ends it too.
+                    session.window.abandon()
+                    self._drop_publisher(purge=True)
+
+    def _fence_then_read_back(
+        self, started: Started
+    ) -> tuple[Reconciliation | None, Offsets | None]:
+        """Exactly once: the transactional producer fences every older producer of the slot,
+        and only then is Kafka read back (``read_committed``), so that no zombie can append
+        between the read and the fence. A session resuming at the position the previous one of
+        this leadership committed reads nothing back: nothing after it is committed by us."""
+        from cdc_relay.publisher import Publisher  # noqa: PLC0415
+        from cdc_relay.start import Keepalive  # noqa: PLC0415
+        from cdc_relay.topics import TopicRules  # noqa: PLC0415
+        from cdc_relay.transactional_id import transactional_id  # noqa: PLC0415
+
+        settings = self.settings
+        timeline = started.stream.timeline or started.database.timeline()
+        if self._publisher is None:
+            publisher = Publisher(
+                settings.producer_config(),
+                self.stats,
+                transactional_id(timeline[0], settings.slot_name),
+            )
+            try:
+                publisher.init_transactions(Keepalive(started.stream, started.start))
+            except BaseException:
+                publisher.close(purge=True)
+                raise
+            self._publisher = publisher
+        if self.topic_rules is None:
+            self.topic_rules = TopicRules(settings)
+        if self.start.resumes_carried:
+            return None, started.noted
+        return self.start.read_back(started, meanwhile=lambda: None)
 
     def _drop_publisher(self, purge: bool) -> None:
         if self._publisher is not None:

@@ -5,6 +5,8 @@ This module keeps the hot loop and nothing else of note: it dispatches decoded m
 Everything else is somebody else's answer, called from here:
 
 - when the slot is confirmed: :mod:`cdc_relay.confirmation` (:class:`Confirmer`);
+- publishing exactly once, when a Kafka transaction commits: :mod:`cdc_relay.kafka_transaction`
+  (told at Begin, Commit and housekeeping, never per record);
 - which mapping a relation's inserts use: :mod:`cdc_relay.relations`;
 - what happens to a poison row, and to a delivery the broker refused: :mod:`cdc_relay.poison`;
 - which topics rows may use, and creating them: :mod:`cdc_relay.topics`;
@@ -43,17 +45,24 @@ from cdc_relay.decode.messages import (
     StreamStart,
 )
 from cdc_relay.errors import (
+    LeadershipLost,
     ProtocolError,
     RelayError,
     SinkUnavailable,
     StopSession,
 )
+from cdc_relay.kafka_transaction import Resend, TransactionalSink, transactional
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.outbox import TRACEPARENT_HEADER_INDEX, MessageMapping, OutboxMapping
+from cdc_relay.outbox import (
+    TRACEPARENT_HEADER_INDEX,
+    MessageMapping,
+    OutboxMapping,
+    OutboxRecord,
+)
 from cdc_relay.partition_notes import PartitionNotes
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
@@ -76,6 +85,7 @@ from cdc_relay.replication.protocol import (
     postgres_time_to_unix,
 )
 from cdc_relay.topics import TopicAdmin, TopicRules
+from cdc_relay.transaction_errors import Outcome, outcome
 from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
@@ -96,7 +106,7 @@ class ReplicationSource(Protocol):
     def send_status(self, written: int, flushed: int, reply: bool = False) -> None: ...
 
 
-class RecordSink(DeadLetterSink, TopicAdmin, Protocol):
+class RecordSink(DeadLetterSink, TopicAdmin, TransactionalSink, Protocol):
     """The Kafka adapter (:class:`~cdc_relay.publisher.Publisher`)."""
 
     @property
@@ -145,6 +155,7 @@ class Session:
         offsets: dict[tuple[str, int], int] | None = None,
         reconciliation: Reconciliation | None = None,
         noted: dict[tuple[str, int], int] | None = None,
+        resend: Resend | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -172,9 +183,15 @@ class Session:
             PartitionNotes(noted, store, sink, self.confirmer) if settings.reconcile else None
         )
         # Events of the replayed window already in Kafka; None once the stream is past them.
-        self.in_kafka: Reconciliation | None = (
+        self.in_kafka: Reconciliation | Resend | None = (
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
+        # Publishing exactly once: the open Kafka transaction, and what a re-send must know.
+        self.resend = (resend or Resend()).from_position(start)
+        serve = partial(self.housekeeping, between_records=False)  # while a commit waits
+        self.window = transactional(settings, sink, self.resend, serve, self.tracker)
+        if self.window is not None and self.in_kafka is None and self.resend.found:
+            self.in_kafka = self.resend
         self.topic_rules = topic_rules
         self.known_topics: set[str] = set()
         self.poison = PoisonPolicyHandler(
@@ -213,6 +230,7 @@ class Session:
         confirmer = self.confirmer
         stats = self.stats
         observe_receive = stats.receive_latency.observe
+        window = self.window
         txn: PendingTransaction | None = None
         callback: TransactionCallback | None = None
         callback_table = ""
@@ -251,6 +269,8 @@ class Session:
                             postgres_time_to_unix(message.commit_ts),
                             position_prefix(self.slot_name, message.final_lsn),
                         )
+                        if window is not None:
+                            window.join(txn)
                         callback = None
                     elif isinstance(message, Commit):
                         if txn is None:
@@ -258,6 +278,8 @@ class Session:
                         if callback is not None:  # the transaction had events
                             observe_receive(time.time() - txn.commit_time)
                         watermark.seal(txn, message.end_lsn)
+                        if window is not None and window.sealed(txn):
+                            window.commit()
                         stats.transactions += 1
                         txn = None
                         callback = None
@@ -352,7 +374,9 @@ class Session:
             return
         topic, key, value, headers, event_id, traceparent = record
         headers.append((POSITION_HEADER, position))
-        if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
+        if self.in_kafka is not None and self.already_in_kafka(
+            txn, position, event_id, mapping.table, record
+        ):
             return
         if topic not in self.known_topics:
             try:
@@ -383,6 +407,8 @@ class Session:
             except Exception as exc:  # librdkafka's error, or an argument it refused
                 refused = refusal(exc)
                 if not refused.permanent:
+                    if outcome(refused.code) is Outcome.FENCED:  # only a transactional producer
+                        raise LeadershipLost(f"fenced: {refused.reason}") from None
                     raise SinkUnavailable(f"producing failed: {refused.reason}") from None
                 self.poison.refuse(
                     RefusedRecord(
@@ -424,10 +450,17 @@ class Session:
         )
 
     def already_in_kafka(
-        self, txn: PendingTransaction, position: bytes, event_id: str | None
+        self,
+        txn: PendingTransaction,
+        position: bytes,
+        event_id: str | None,
+        table: str = "",
+        record: OutboxRecord | None = None,
     ) -> bool:
-        """During the replayed window: was this event read back from Kafka at the start? Then it
-        counts as delivered (its transaction waits for nothing) and is not produced again."""
+        """During the replayed window: was this event read back from Kafka at the start (or, in
+        a re-send, committed by a split)? Then it counts as delivered (its transaction waits for
+        nothing) and is not produced again. A re-sent ``record`` the broker refused for good
+        goes to the poison policy at once."""
         found = self.in_kafka
         assert found is not None
         if txn.commit_lsn > found.highest_lsn:
@@ -440,7 +473,11 @@ class Session:
         if found.in_kafka(position, event_id):
             self.stats.skipped_in_kafka += 1
             return True
-        return False
+        refused = found.refused(position) if record is not None else None
+        if refused is None or record is None:
+            return False
+        self.poison.refuse(RefusedRecord.of_record(txn, table, record, ProduceRefused(*refused)))
+        return True
 
     def ensure_topic(self, topic: str, event: bool = True) -> None:
         """First use of ``topic`` in this session (see :mod:`cdc_relay.topics`)."""
@@ -451,7 +488,7 @@ class Session:
 
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""
-        self.housekeeping()
+        self.housekeeping(between_records=False)  # a record is half-way: no split now
         if self.owner.stopping and self.stop_now():
             raise StopSession
 
@@ -462,6 +499,8 @@ class Session:
         self.serve_while_waiting()
 
     def handle_failures(self) -> None:
+        if self.window is not None:
+            self.window.failed()
         for failure in self.tracker.take_failures():
             self.poison.delivery_failed(failure)
 
@@ -477,8 +516,9 @@ class Session:
 
     # -- periodic work -----------------------------------------------------------------------
 
-    def housekeeping(self, reply: bool = False) -> None:
-        """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive."""
+    def housekeeping(self, reply: bool = False, between_records: bool = True) -> None:
+        """Serve delivery callbacks, watch the deliveries, confirm, keep the slot alive (and,
+        ``between_records``, commit or split the Kafka transaction)."""
         self.owner.require_leading()  # first: a leader that lost its lease confirms nothing
         sink = self.sink
         sink.poll(0)
@@ -493,6 +533,8 @@ class Session:
         self.progress.tick(now, self.confirmer.received)
         self.heartbeat.tick(now)
         self.retained_wal.tick(now)
+        if self.window is not None and between_records:
+            self.window.tick()
         self.confirmer.tick(now, acked, reply)
 
     def drain(self) -> None:
@@ -510,6 +552,8 @@ class Session:
     def shutdown(self) -> None:
         """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
         self.drain()
+        if self.window is not None:
+            self.window.end()
         self.confirmer.final()
         log.info(
             "stopped",

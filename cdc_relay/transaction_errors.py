@@ -4,13 +4,19 @@
 and the producer's fatal errors end in one of three outcomes: refuse to start and name the fix
 (the broker or the principal cannot do transactions: exit 2), stand by (another producer of the
 slot fenced this one), or retry (the coordinator is moving or the broker is unreachable).
+A call that timed out may be called again (librdkafka resumes it); a transaction librdkafka
+calls abortable is not committed: the session ends, and what it held is sent again.
+:func:`transaction_failure` turns one error into the relay's own (:mod:`cdc_relay.errors`).
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from confluent_kafka import KafkaError
+
+from cdc_relay.errors import ConfigError, LeadershipLost, RelayError, SinkUnavailable
 
 ACL_FIX = (
     "grant the relay's principal WRITE and DESCRIBE on TransactionalId with the PREFIXED pattern "
@@ -58,3 +64,21 @@ def outcome(code: int) -> Outcome:
 def fix(code: int) -> str | None:
     """The operator's fix for a refusal, or None when the error is not one."""
     return _REFUSALS.get(code)
+
+
+def resumable(error: Any) -> bool:
+    """A call that timed out and may be called again to resume it (librdkafka's retriable)."""
+    return bool(error.retriable()) and outcome(error.code()) is Outcome.RETRY
+
+
+def transaction_failure(error: Any, doing: str) -> RelayError:
+    """The relay's error for librdkafka's ``error`` (a KafkaError) while ``doing`` something:
+    ConfigError (exit 2) naming the fix, LeadershipLost (stand by), else SinkUnavailable (the
+    session ends, the producer is rebuilt, the uncommitted part is sent again)."""
+    code = int(error.code())
+    found = outcome(code)
+    if found is Outcome.REFUSE:
+        return ConfigError(f"Kafka refused {doing}: {error.str()}; {fix(code)}")
+    if found is Outcome.FENCED:
+        return LeadershipLost(f"fenced while {doing}: another producer of the slot took over")
+    return SinkUnavailable(f"{doing} failed: {error.str()}")

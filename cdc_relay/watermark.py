@@ -3,8 +3,9 @@
 Transactions are tracked in commit order. Each counts the Kafka deliveries it still waits for;
 that count changes only through :class:`PendingTransaction`'s methods (:meth:`~PendingTransaction.
 produced`, :meth:`~PendingTransaction.acknowledged`, :meth:`~PendingTransaction.refused`,
-:meth:`~PendingTransaction.hold`), called by the session, the delivery callbacks and the poison
-policy.
+:meth:`~PendingTransaction.hold`, :meth:`~PendingTransaction.committed`), called by the session,
+the delivery callbacks, the poison policy and, publishing exactly once, the Kafka transaction
+(:mod:`cdc_relay.kafka_transaction`): a transaction held until its Kafka transaction committed.
 The watermark is the end LSN of the newest transaction such that it *and every transaction before
 it* are sealed (their Commit was seen) and fully acknowledged — never simply the highest LSN
 acknowledged, because acknowledgements arrive out of order across partitions.
@@ -72,8 +73,14 @@ class PendingTransaction:
 
     def hold(self) -> None:
         """It can never complete (a record that can be neither published nor dead-lettered):
-        the watermark never passes it, so nothing at or after it is confirmed."""
+        the watermark never passes it, so nothing at or after it is confirmed. Publishing
+        exactly once, each transaction is held from its Begin until its Kafka transaction
+        committed (:meth:`committed`)."""
         self._pending += 1
+
+    def committed(self) -> None:
+        """The Kafka transaction that holds it committed: that hold is released."""
+        self._pending -= 1
 
 
 class Watermark:

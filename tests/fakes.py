@@ -37,6 +37,7 @@ from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
+from cdc_relay.transaction_errors import transaction_failure
 
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pgoutput"
 _XLOG_HEADER = struct.Struct(">cQQQ")
@@ -195,6 +196,13 @@ class FakeSink:
         self.in_flight_records: list[Record] = []
         self.delivered: list[Record] = []
         self.topics_checked: list[str] = []
+        # The transactional side (CDC_RELAY_EXACTLY_ONCE): the calls made, in order; records
+        # produced since the last begin; those of committed transactions; the code the next
+        # commit fails with (None: it commits).
+        self.transaction_calls: list[str] = []
+        self.uncommitted: list[Record] = []
+        self.committed: list[Record] = []
+        self.commit_fails_with: int | None = None
 
     def partition_ends(self, topic: str) -> dict[int, int]:
         return {0: sum(1 for r in self.delivered if r.topic == topic)}
@@ -215,7 +223,11 @@ class FakeSink:
         code = self.refuse_topics.get(topic)
         if code is not None:
             raise KafkaException(KafkaError(code, f"refused by the fake for {topic}"))
-        self.in_flight_records.append(Record(topic, value, key, list(headers), on_delivery))
+        record = Record(topic, value, key, list(headers), on_delivery)
+        self.in_flight_records.append(record)
+        if self.transaction_calls:
+            assert self.transaction_calls[-1] == "begin", "produced outside a Kafka transaction"
+            self.uncommitted.append(record)
 
     def produce(
         self,
@@ -255,6 +267,27 @@ class FakeSink:
 
     def check_fatal(self) -> None:
         return None
+
+    def begin_transaction(self) -> None:
+        assert not self.transaction_calls or self.transaction_calls[-1] != "begin"
+        self.transaction_calls.append("begin")
+
+    def commit_transaction(self, serve: Callable[[], None]) -> None:
+        assert self.transaction_calls[-1] == "begin"
+        serve()
+        self.poll()  # a commit delivers what is queued first
+        code = self.commit_fails_with
+        if code is not None:
+            self.commit_fails_with = None
+            raise transaction_failure(KafkaError(code, "refused by the fake"), "committing")
+        self.transaction_calls.append("commit")
+        self.committed.extend(self.uncommitted)
+        self.uncommitted = []
+
+    def abort_transaction(self) -> bool:
+        self.transaction_calls.append("abort")
+        self.uncommitted = []
+        return True
 
     def ensure_topic(
         self,
@@ -513,6 +546,7 @@ class FakeStart:
         self.forgotten = 0
         self.closed = False
         self.resume_position = 0
+        self.resumes_carried = False
 
     def check_database(self) -> None:
         self.checked += 1

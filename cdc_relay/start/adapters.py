@@ -55,6 +55,8 @@ def kafka_read_back(settings: Settings, stopping: Callable[[], bool]) -> ReadBac
             noted=noted,
             timeout=settings.reconcile_timeout,
             stopping=stopping,  # a stop does not wait for the read
+            # Exactly once: after the fence, what committed (an aborted copy is sent again).
+            committed_only=settings.exactly_once,
         )
 
     return read_back

@@ -185,6 +185,8 @@ class StartSequence:
         # once: that session then neither connects nor checks again.
         self._checked: StartDatabase | None = None
         self._checked_at = 0.0
+        # This session resumes where the previous one of this leadership left off.
+        self.resumes_carried = False
 
     # -- before standing by --------------------------------------------------------------------
 
@@ -291,6 +293,7 @@ class StartSequence:
         record = store.load_record()
         recorded, reset = self._trusted_position(database, record)
         carried = self._carried_position(database)
+        self.resumes_carried = False
         if carried is not None and (recorded is None or carried > recorded):
             # What the previous session had acknowledged but not yet recorded.
             # The offsets belong to the acknowledged position: not to one capped below it.
@@ -323,6 +326,10 @@ class StartSequence:
             )
         if warning:
             log.warning(warning)
+        acknowledged = self.acknowledged
+        self.resumes_carried = (
+            carried is not None and acknowledged is not None and start == acknowledged.position
+        )
         if recorded != start or reset:
             store.save(start, new_slot=reset)  # a refused record's boundary and offsets go too
         filters = recorded_form(settings.tables())

@@ -951,3 +951,48 @@ def test_a_configured_header_cannot_take_a_name_the_relay_sets(columns: dict[str
         load_settings(**REQUIRED, outbox_columns=columns)
     assert "sets itself" in str(info.value)
     load_settings(**REQUIRED, outbox_columns={"additional_placement": ["type:header:eventType"]})
+
+
+# -- exactly once ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_a_transactional_id_of_ones_own_is_refused(exactly_once: bool) -> None:
+    message = config_error(
+        **REQUIRED,
+        exactly_once=exactly_once,
+        kafka_producer_config={"transactional.id": "mine"},
+    )
+    assert "CDC_RELAY_KAFKA_PRODUCER_CONFIG" in message
+    assert "transactional.id" in message
+    assert "Exactly once" in message
+
+
+def test_exactly_once_bounds_a_records_delivery_by_its_transaction() -> None:
+    config = load_settings(**REQUIRED, exactly_once=True).producer_config()
+    assert config["transaction.timeout.ms"] == "60000"
+    assert config["message.timeout.ms"] == "60000"
+    own = load_settings(
+        **REQUIRED,
+        exactly_once=True,
+        kafka_producer_config={"transaction.timeout.ms": "30000", "message.timeout.ms": "20000"},
+    ).producer_config()
+    assert (own["transaction.timeout.ms"], own["message.timeout.ms"]) == ("30000", "20000")
+    assert "transaction.timeout.ms" not in load_settings(**REQUIRED).producer_config()
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"message.timeout.ms": "0"},
+        {"message.timeout.ms": "120000"},
+        {"message.timeout.ms": "40000", "transaction.timeout.ms": "30000"},
+    ],
+)
+def test_exactly_once_refuses_a_record_timeout_beyond_its_transaction(
+    props: dict[str, str],
+) -> None:
+    message = config_error(**REQUIRED, exactly_once=True, kafka_producer_config=props)
+    assert "message.timeout.ms" in message
+    assert "CDC_RELAY_EXACTLY_ONCE" in message
+    load_settings(**REQUIRED, kafka_producer_config=props)  # only with the setting on

@@ -22,6 +22,7 @@ from cdc_relay.errors import (
     SinkUnavailable,
     StopSession,
 )
+from cdc_relay.kafka_transaction import Resend
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
@@ -63,13 +64,16 @@ class Harness:
         frames: list[bytes],
         stop_after: int | None = None,
         reconciliation: Reconciliation | None = None,
+        resend: Resend | None = None,
+        source_type: type[FakeSource] = FakeSource,
+        sink: FakeSink | None = None,
         **settings: Any,
     ) -> None:
         self.settings = _settings(**settings)
         self.journal: list[Any] = []
         self.owner = FakeOwner()
-        self.source = FakeSource(frames, self.owner, self.journal, stop_after)
-        self.sink = FakeSink()
+        self.source = source_type(frames, self.owner, self.journal, stop_after)
+        self.sink = sink or FakeSink()
         self.store = FakeStore(self.journal)
         self.stats = RelayStats()
         self.session = Session(
@@ -85,6 +89,7 @@ class Harness:
             heartbeat=lambda: None,
             retained_wal=lambda: None,
             reconciliation=reconciliation,
+            resend=resend,
         )
 
     def run(self) -> None:

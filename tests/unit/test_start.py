@@ -186,3 +186,17 @@ def test_a_read_back_turned_off_leaves_the_notes() -> None:
     assert reconciliation is None
     assert noted == {("orders", 1): 5}
     assert not any(isinstance(e, tuple) and e[0] == "noted" for e in database.journal)
+
+
+def test_a_session_resumes_carried_only_at_what_this_leadership_acknowledged() -> None:
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x4000
+    sequence = _sequence(database)
+    _start(sequence)
+    assert not sequence.resumes_carried  # a leadership's first session reads back
+    sequence.carry(0x5000, OFFSETS)
+    _start(sequence)
+    assert sequence.resumes_carried  # exactly once: no read-back, nothing after it is ours
+    sequence.forget()
+    _start(sequence)
+    assert not sequence.resumes_carried
