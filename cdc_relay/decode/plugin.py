@@ -56,10 +56,9 @@ def decoder_for(settings: Settings) -> XLogDecoder:
         return decode_wal2json
     from cdc_relay.decode.pgoutput import PgOutputDecoder  # noqa: PLC0415
 
-    pgoutput = PgOutputDecoder().decode
+    pgoutput = PgOutputDecoder().decode_frame
 
     def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
-        return (pgoutput(data.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
+        return (pgoutput(data, XLOG_DATA_PAYLOAD_OFFSET),)
 
     return decode_pgoutput
