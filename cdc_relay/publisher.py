@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -38,8 +38,8 @@ TransactionCallback = Callable[[str, list[tuple[str, bytes]], Any, Any], None]
 # The hot path passes produce_raw's arguments by position, in confluent-kafka's order: topic,
 # value, key, partition, callback, on_delivery (an alias: None), timestamp, headers. Passed by
 # keyword they cost the binding a dictionary lookup per known keyword, ~4,000 instructions a record.
-ANY_PARTITION = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
-NO_TIMESTAMP = 0  # the record's timestamp is the time of producing
+ANY_PARTITION: Final = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
+NO_TIMESTAMP: Final = 0  # the record's timestamp is the time of producing
 
 # Errors that concern one record and will not go away by retrying it.
 PERMANENT_ERRORS = frozenset(

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -60,7 +60,7 @@ from cdc_relay.lsn import format_lsn
 
 log = logging.getLogger(__name__)
 
-POSITION_HEADER = "cdc_relay.position"
+POSITION_HEADER: Final = "cdc_relay.position"
 _ID_HEADERS = ("id", "cdc_relay.event_id")  # an event's id header; a dead letter's metadata one
 # How long a poll waits for the next record: short, so that a stop is noticed at once.
 POLL_TIMEOUT = 0.01

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
@@ -80,6 +80,8 @@ from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+# Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
+_bind: Final = partial
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
@@ -368,9 +370,9 @@ class Session:
         if traceparent is not None and self.tracing_enabled:
             span, context = self.tracing.start_publish(traceparent, event_id, topic)
             headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
-            on_delivery = partial(Tracing.traced, span, callback, topic, headers)
+            on_delivery = _bind(Tracing.traced, span, callback, topic, headers)
         else:
-            on_delivery = partial(callback, topic, headers)
+            on_delivery = _bind(callback, topic, headers)
         while True:
             try:
                 self.produce(
