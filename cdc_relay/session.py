@@ -64,7 +64,7 @@ from cdc_relay.publisher import (
     TransactionCallback,
     refusal,
 )
-from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
+from cdc_relay.reconcile import ORDINALS, POSITION_HEADER, Reconciliation, position_prefix
 from cdc_relay.relations import Relations
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
@@ -341,7 +341,11 @@ class Session:
         # The event's place in the WAL, unique per slot: counted for every event, mapped or not,
         # so that a replay numbers them the same.
         txn.events += 1
-        position = b"%b%d" % (txn.position, txn.events)
+        ordinal = txn.events
+        try:
+            position = txn.position + ORDINALS[ordinal]
+        except IndexError:
+            position = b"%b%d" % (txn.position, ordinal)
         try:
             record = mapping.map(data)
         except MalformedEvent as malformed:  # one name per exception type: mypyc types names
