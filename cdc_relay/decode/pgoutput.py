@@ -54,6 +54,7 @@ from cdc_relay.decode.messages import (
     Update,
     Value,
 )
+from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
 
 # The same tuple reader in C, built by setup.py where a compiler exists; this module's is the
 # reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one: cdc_relay._hot_path).
@@ -469,19 +470,20 @@ class PgOutputDecoder:
         """True between a Stream Start and the following Stream Stop."""
         return self._in_stream
 
-    def decode_frame(self, frame: memoryview, offset: int) -> Message:
-        """Decode the pgoutput message at ``frame[offset:]``, an XLogData frame as received.
+    def decode_xlog(self, frame: memoryview) -> tuple[Message]:
+        """The message of one XLogData frame as received (its header first), as the session
+        reads frames (:data:`cdc_relay.decode.plugin.XLogDecoder`).
 
         An Insert (every event) is read straight from the frame in one C call where the extension
         is built (None for anything else or anything malformed); the rest goes through
         :meth:`decode`, which is the reference and names every error.
         """
         if _READ_INSERT is not None and not self._in_stream:
-            found = _READ_INSERT(frame, offset, _INSERT, _UNCHANGED)
+            found = _READ_INSERT(frame, XLOG_DATA_PAYLOAD_OFFSET, _INSERT, _UNCHANGED)
             if found is not None:
-                return found
+                return (found,)
         # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
-        return self.decode(frame.tobytes()[offset:])
+        return (self.decode(frame.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
 
     def decode(self, data: bytes | memoryview) -> Message:
         """Decode one pgoutput message (the ``data`` of one XLogData / slot-function row)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET, XLOG_DATA_START, XLOG_PAYLOAD
+from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
 
 if TYPE_CHECKING:
     from cdc_relay.decode.messages import Message
@@ -56,9 +56,4 @@ def decoder_for(settings: Settings) -> XLogDecoder:
         return decode_wal2json
     from cdc_relay.decode.pgoutput import PgOutputDecoder  # noqa: PLC0415
 
-    pgoutput = PgOutputDecoder().decode_frame
-
-    def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        return (pgoutput(data, XLOG_DATA_PAYLOAD_OFFSET),)
-
-    return decode_pgoutput
+    return PgOutputDecoder().decode_xlog

@@ -126,7 +126,7 @@ def test_the_decoder_uses_it_unless_pure_python_is_asked_for() -> None:
 
 
 def read_insert_c(frame: bytes, offset: int) -> Any:
-    """What PgOutputDecoder.decode_frame does with the C reader: its Insert, or decode's verdict."""
+    """What PgOutputDecoder.decode_xlog does with the C reader: its Insert, or decode's verdict."""
     found = READER.read_insert(memoryview(frame), offset, Insert, UNCHANGED_TOAST)
     return found if found is not None else PgOutputDecoder().decode(frame[offset:])
 
@@ -202,7 +202,7 @@ def test_the_decoder_reads_inserts_from_the_frame_unless_pure_python_is_asked_fo
     pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
     assert (vars(pgoutput)["_READ_INSERT"] is None) == pure
     frame = b"w" * 25 + insert(7, b"N", struct.pack(">H", 2) + column("t", b"x") + b"n")
-    message = PgOutputDecoder().decode_frame(memoryview(frame), 25)
+    (message,) = PgOutputDecoder().decode_xlog(memoryview(frame))
     assert message == Insert(7, (b"x", None), None)
     assert type(message) is Insert
 
@@ -214,4 +214,4 @@ def test_inside_a_stream_block_an_insert_carries_its_xid() -> None:
     decoder.decode(b"S" + struct.pack(">IB", 99, 1))
     body = struct.pack(">H", 1) + column("t", b"x")
     frame = b"w" * 25 + b"I" + struct.pack(">IIB", 99, 7, 0x4E) + body
-    assert decoder.decode_frame(memoryview(frame), 25) == Insert(7, (b"x",), 99)
+    assert decoder.decode_xlog(memoryview(frame)) == (Insert(7, (b"x",), 99),)
