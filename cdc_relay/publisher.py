@@ -126,8 +126,18 @@ class DeliveryTracker:
     """Counts acknowledgements and collects failures; callbacks only touch plain attributes."""
 
     stats: RelayStats
-    acked: int = 0  # this session's acknowledgements, published or dead-lettered
     failures: list[DeliveryFailure] = field(default_factory=list)
+    # The relay's acknowledgements before this session: acked counts from there.
+    acked_before: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.acked_before = self.stats.published + self.stats.dead_lettered
+
+    @property
+    def acked(self) -> int:
+        """This session's acknowledgements, published or dead-lettered. Read from the relay's
+        counters at housekeeping, so that a delivery report counts its record once, not twice."""
+        return self.stats.published + self.stats.dead_lettered - self.acked_before
 
     def callback(
         self, txn: PendingTransaction, table: str, dead_letter: bool = False
@@ -146,7 +156,6 @@ class DeliveryTracker:
         commit_time = txn.commit_time
         now = time.time
         offsets = txn.offsets
-        tracker = self
 
         def failed(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err.code() not in _PURGED:
@@ -165,7 +174,6 @@ class DeliveryTracker:
             # In order per partition: the last report is the transaction's highest offset.
             offsets[topic, msg.partition()] = msg.offset()
             by_topic[topic] += 1
-            tracker.acked += 1
             if txn.acknowledged():
                 txn.unobserved += 1
             else:
@@ -180,7 +188,6 @@ class DeliveryTracker:
                 return
             offsets[topic, msg.partition()] = msg.offset()
             stats.dead_lettered += 1
-            tracker.acked += 1
             if not txn.acknowledged() and txn.unobserved:  # the events acknowledged before it
                 observe(now() - commit_time, txn.unobserved)
                 txn.unobserved = 0
