@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from types import MethodType
 from typing import Any, Final, Protocol
 
 from cdc_relay.config import Settings
@@ -59,6 +60,7 @@ from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, Ref
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
+    DeliveryCallback,
     DeliveryTracker,
     ProduceRefused,
     TransactionCallback,
@@ -81,7 +83,7 @@ from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
 # Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
-_bind: Final = partial
+_bind: Final = MethodType  # a record's (topic, headers) to its delivery callback
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
@@ -371,12 +373,13 @@ class Session:
                     )
                 )  # fmt: skip
                 return
+        on_delivery: DeliveryCallback
         if traceparent is not None and self.tracing_enabled:
             span, context = self.tracing.start_publish(traceparent, event_id, topic)
             headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
-            on_delivery = _bind(Tracing.traced, span, callback, topic, headers)
+            on_delivery = partial(Tracing.traced, span, callback, topic, headers)
         else:
-            on_delivery = _bind(callback, topic, headers)
+            on_delivery = _bind(callback, (topic, headers))
         while True:
             try:
                 self.produce(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+from types import MethodType
 
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publisher import DeliveryTracker
@@ -17,7 +17,7 @@ def _produce(tracker: DeliveryTracker, txn: PendingTransaction, count: int) -> l
     records = []
     for i in range(count):
         headers = [("id", b"%d" % i)]
-        records.append(Record(TOPIC, b"{}", b"k", headers, partial(callback, TOPIC, headers)))
+        records.append(Record(TOPIC, b"{}", b"k", headers, MethodType(callback, (TOPIC, headers))))
         txn.produced()
     return records
 
@@ -60,7 +60,9 @@ def test_a_session_counts_its_own_acknowledgements_dead_letters_included() -> No
     dead_letter = tracker.callback(txn, "public.outbox", dead_letter=True)
     headers = [("id", b"x")]
     records.append(
-        Record("dead.letters", b"{}", b"k", headers, partial(dead_letter, "dead.letters", headers))
+        Record(
+            "dead.letters", b"{}", b"k", headers, MethodType(dead_letter, ("dead.letters", headers))
+        )
     )
     txn.produced()
     _acknowledge(records)
