@@ -349,7 +349,7 @@ class Session:
         except IndexError:
             position = b"%b%d" % (txn.position, ordinal)
         try:
-            record = mapping.map(data)
+            record = mapping.map_fields(data)
         except MalformedEvent as malformed:  # one name per exception type: mypyc types names
             event_id = malformed.event_id
             self.refuse_unmapped(mapping, data, txn, str(malformed), event_id, position=position)
