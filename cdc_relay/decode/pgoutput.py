@@ -470,7 +470,7 @@ class PgOutputDecoder:
         """True between a Stream Start and the following Stream Stop."""
         return self._in_stream
 
-    def decode_xlog(self, frame: memoryview) -> tuple[Message]:
+    def decode_xlog(self, frame: memoryview) -> tuple[Message, ...]:
         """The message of one XLogData frame as received (its header first), as the session
         reads frames (:data:`cdc_relay.decode.plugin.XLogDecoder`).
 

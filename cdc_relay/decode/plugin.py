@@ -8,7 +8,7 @@ message's WAL position and pgoutput does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from psycopg import sql
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
-XLogDecoder: TypeAlias = "Callable[[memoryview], Sequence[Message]]"
+# A tuple, not any Sequence: the compiled session then walks it by index, not by an iterator.
+XLogDecoder: TypeAlias = "Callable[[memoryview], tuple[Message, ...]]"
 
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
@@ -50,8 +51,8 @@ def decoder_for(settings: Settings) -> XLogDecoder:
 
         wal2json = Wal2JsonDecoder().decode
 
-        def decode_wal2json(data: memoryview) -> Sequence[Message]:
-            return wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big"))
+        def decode_wal2json(data: memoryview) -> tuple[Message, ...]:
+            return tuple(wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big")))
 
         return decode_wal2json
     from cdc_relay.decode.pgoutput import PgOutputDecoder  # noqa: PLC0415
