@@ -270,7 +270,7 @@ def _delivered(
     err: Any,
     msg: Any,
 ) -> None:
-    callback(topic, headers, err, msg)
+    callback((topic, headers), err, msg)
     if err is None:
         event_id = next((v for n, v in reversed(headers) if n == "cdc_relay.event_id"), b"")
         log.info(

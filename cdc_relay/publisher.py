@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -35,13 +35,16 @@ log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Any, Any], None]
 # Delivery reports do not carry headers, so each record's topic and headers are bound first (the
-# topic also saves asking the report for it, a string built per record).
-TransactionCallback = Callable[[str, list[tuple[str, bytes]], Any, Any], None]
+# topic also saves asking the report for it, a string built per record), as one pair, by
+# types.MethodType: two objects per record, where functools.partial makes three (itself, its
+# arguments and an empty keyword dictionary).
+BoundRecord = tuple[str, list[tuple[str, bytes]]]  # (topic, headers)
+TransactionCallback = Callable[[BoundRecord, Any, Any], None]
 # The hot path passes produce_raw's arguments by position, in confluent-kafka's order: topic,
 # value, key, partition, callback, on_delivery (an alias: None), timestamp, headers. Passed by
 # keyword they cost the binding a dictionary lookup per known keyword, ~4,000 instructions a record.
-ANY_PARTITION = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
-NO_TIMESTAMP = 0  # the record's timestamp is the time of producing
+ANY_PARTITION: Final = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
+NO_TIMESTAMP: Final = 0  # the record's timestamp is the time of producing
 
 # Errors that concern one record and will not go away by retrying it.
 PERMANENT_ERRORS = frozenset(
@@ -133,13 +136,23 @@ class DeliveryTracker:
     """Counts acknowledgements and collects failures; callbacks only touch plain attributes."""
 
     stats: RelayStats
-    acked: int = 0  # this session's acknowledgements, published or dead-lettered
     failures: list[DeliveryFailure] = field(default_factory=list)
+    # The relay's acknowledgements before this session: acked counts from there.
+    acked_before: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.acked_before = self.stats.published + self.stats.dead_lettered
+
+    @property
+    def acked(self) -> int:
+        """This session's acknowledgements, published or dead-lettered. Read from the relay's
+        counters at housekeeping, so that a delivery report counts its record once, not twice."""
+        return self.stats.published + self.stats.dead_lettered - self.acked_before
 
     def callback(
         self, txn: PendingTransaction, table: str, dead_letter: bool = False
     ) -> TransactionCallback:
-        """The delivery callback of ``txn``'s records; bind each record's topic and headers.
+        """The delivery callback of ``txn``'s records; bind each record's (topic, headers).
 
         Runs once per record, so it does the least it can: a success counts the record and
         notes its offset; the latency histogram is fed once per transaction, when the last
@@ -153,7 +166,6 @@ class DeliveryTracker:
         commit_time = txn.commit_time
         now = time.time
         offsets = txn.offsets
-        tracker = self
 
         def failed(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
             if err.code() not in _PURGED:
@@ -165,29 +177,26 @@ class DeliveryTracker:
                     )
                 )  # fmt: skip
 
-        def on_delivery(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
+        def on_delivery(record: BoundRecord, err: Any, msg: Any) -> None:
             if err is not None:
-                failed(topic, headers, err, msg)
+                failed(record[0], record[1], err, msg)
                 return
+            topic = record[0]
             # In order per partition: the last report is the transaction's highest offset.
             offsets[topic, msg.partition()] = msg.offset()
             by_topic[topic] += 1
-            tracker.acked += 1
             if txn.acknowledged():
                 txn.unobserved += 1
             else:
                 observe(now() - commit_time, txn.unobserved + 1)
                 txn.unobserved = 0
 
-        def on_dead_letter_delivery(
-            topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any
-        ) -> None:
+        def on_dead_letter_delivery(record: BoundRecord, err: Any, msg: Any) -> None:
             if err is not None:
-                failed(topic, headers, err, msg)
+                failed(record[0], record[1], err, msg)
                 return
-            offsets[topic, msg.partition()] = msg.offset()
+            offsets[record[0], msg.partition()] = msg.offset()
             stats.dead_lettered += 1
-            tracker.acked += 1
             if not txn.acknowledged() and txn.unobserved:  # the events acknowledged before it
                 observe(now() - commit_time, txn.unobserved)
                 txn.unobserved = 0

@@ -30,7 +30,8 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from types import MethodType
+from typing import Any, Final, Protocol
 
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
@@ -68,12 +69,13 @@ from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, Ref
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
+    DeliveryCallback,
     DeliveryTracker,
     ProduceRefused,
     TransactionCallback,
     refusal,
 )
-from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, position_prefix
+from cdc_relay.reconcile import ORDINALS, POSITION_HEADER, Reconciliation, position_prefix
 from cdc_relay.relations import Relations
 from cdc_relay.replication.protocol import (
     KEEPALIVE_REPLY_REQUESTED,
@@ -90,6 +92,8 @@ from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+# Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
+_bind: Final = MethodType  # a record's (topic, headers) to its delivery callback
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 POLL_EVERY = 256  # messages between producer polls while streaming
@@ -361,9 +365,13 @@ class Session:
         # The event's place in the WAL, unique per slot: counted for every event, mapped or not,
         # so that a replay numbers them the same.
         txn.events += 1
-        position = b"%b%d" % (txn.position, txn.events)
+        ordinal = txn.events
         try:
-            record = mapping.map(data)
+            position = txn.position + ORDINALS[ordinal]
+        except IndexError:
+            position = b"%b%d" % (txn.position, ordinal)
+        try:
+            record = mapping.map_fields(data)
         except MalformedEvent as malformed:  # one name per exception type: mypyc types names
             event_id = malformed.event_id
             self.refuse_unmapped(mapping, data, txn, str(malformed), event_id, position=position)
@@ -389,12 +397,13 @@ class Session:
                     )
                 )  # fmt: skip
                 return
+        on_delivery: DeliveryCallback
         if traceparent is not None and self.tracing_enabled:
             span, context = self.tracing.start_publish(traceparent, event_id, topic)
             headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
             on_delivery = partial(Tracing.traced, span, callback, topic, headers)
         else:
-            on_delivery = partial(callback, topic, headers)
+            on_delivery = _bind(callback, (topic, headers))
         while True:
             try:
                 self.produce(

@@ -64,7 +64,7 @@ class ShapedMapping(OutboxMapping):
     ) -> None:
         # Called by OutboxMapping.__init__ once it has set what every mapping reads; the plain
         # mapping's positions assume its columns, so these are resolved here instead.
-        self.map = self._map_shaped
+        self.map = self.map_fields = self._map_shaped
         self._template_needs_type = needs_aggregate_type(self._template)
         if self.missing:
             return

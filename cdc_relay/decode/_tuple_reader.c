@@ -10,33 +10,28 @@
  *   buf[pos:] starts with the Int16 column count; then per column a kind byte and, for 't' (text)
  *   and 'b' (binary), an Int32 length and that many bytes (a bytes object); 'n' is None and 'u'
  *   is `unchanged` (the UNCHANGED_TOAST sentinel). Returns the values and the offset after them.
+ *
+ * read_insert(frame: buffer, offset: int, insert_type: type, unchanged: object) -> Insert | None
+ *   A whole Insert message (outside a stream block) read from the frame as received, without
+ *   copying it: 'I', Int32 relation id, 'N', then a TupleData as above; trailing bytes ignored,
+ *   as PgOutputDecoder.decode does. Returns insert_type(relation_id, values, None) (a tuple
+ *   subclass, built as tuple.__new__ builds it), or None for any other message and for anything
+ *   malformed: the caller then decodes it the general way, which names the error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 
+/*
+ * The values of the TupleData at data[*pos_p:] as a new tuple, *pos_p moved past it. NULL with no
+ * exception set when malformed, NULL with one set when memory ran out.
+ */
 static PyObject *
-read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+read_values(const unsigned char *data, Py_ssize_t size, Py_ssize_t *pos_p, PyObject *unchanged)
 {
-    (void)module;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "read_tuple(buf, pos, unchanged) takes 3 arguments");
-        return NULL;
-    }
-    PyObject *buf = args[0];
-    if (!PyBytes_CheckExact(buf)) {
-        PyErr_SetString(PyExc_TypeError, "read_tuple: buf must be bytes");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *unchanged = args[2];
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(buf);
-    Py_ssize_t size = PyBytes_GET_SIZE(buf);
+    Py_ssize_t pos = *pos_p;
     if (pos < 0 || size - pos < 2) {
-        Py_RETURN_NONE;
+        return NULL;
     }
     Py_ssize_t ncols = ((Py_ssize_t)data[pos] << 8) | data[pos + 1];
     pos += 2;
@@ -81,6 +76,39 @@ read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         PyTuple_SET_ITEM(values, i, value);
     }
+    *pos_p = pos;
+    return values;
+
+malformed:
+    Py_DECREF(values); /* the items not yet set are NULL: tuple deallocation skips them */
+    return NULL;
+}
+
+static PyObject *
+read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple(buf, pos, unchanged) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *buf = args[0];
+    if (!PyBytes_CheckExact(buf)) {
+        PyErr_SetString(PyExc_TypeError, "read_tuple: buf must be bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *values = read_values((const unsigned char *)PyBytes_AS_STRING(buf),
+                                   PyBytes_GET_SIZE(buf), &pos, args[2]);
+    if (values == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
     PyObject *end = PyLong_FromSsize_t(pos);
     if (end == NULL) {
         Py_DECREF(values);
@@ -95,15 +123,75 @@ read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(result, 0, values);
     PyTuple_SET_ITEM(result, 1, end);
     return result;
+}
 
-malformed:
-    Py_DECREF(values); /* the items not yet set are NULL: tuple deallocation skips them */
-    Py_RETURN_NONE;
+static PyObject *
+read_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_insert(frame, offset, insert_type, unchanged) takes 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)args[2];
+    if (!PyType_Check(args[2]) || !PyType_IsSubtype(type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "read_insert: insert_type must be a tuple subclass");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t size = view.len;
+    PyObject *result = NULL;
+    if (offset < 0 || size - offset < 6 || data[offset] != 'I'
+        || data[offset + 5] != 'N') {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    unsigned long relation = ((unsigned long)data[offset + 1] << 24)
+                             | ((unsigned long)data[offset + 2] << 16)
+                             | ((unsigned long)data[offset + 3] << 8) | data[offset + 4];
+    Py_ssize_t pos = offset + 6;
+    PyObject *values = read_values(data, size, &pos, args[3]);
+    if (values == NULL) {
+        if (!PyErr_Occurred()) {
+            result = Py_NewRef(Py_None);
+        }
+        goto done;
+    }
+    PyObject *relation_id = PyLong_FromUnsignedLong(relation);
+    if (relation_id == NULL) {
+        Py_DECREF(values);
+        goto done;
+    }
+    PyObject *insert = type->tp_alloc(type, 3);
+    if (insert == NULL) {
+        Py_DECREF(values);
+        Py_DECREF(relation_id);
+        goto done;
+    }
+    PyTuple_SET_ITEM(insert, 0, relation_id);
+    PyTuple_SET_ITEM(insert, 1, values);
+    PyTuple_SET_ITEM(insert, 2, Py_NewRef(Py_None)); /* xid: only inside a stream block */
+    result = insert;
+
+done:
+    PyBuffer_Release(&view);
+    return result;
 }
 
 static PyMethodDef methods[] = {
     {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,
      "read_tuple(buf, pos, unchanged) -> (values, end) | None: one pgoutput TupleData."},
+    {"read_insert", (PyCFunction)(void (*)(void))read_insert, METH_FASTCALL,
+     "read_insert(frame, offset, insert_type, unchanged) -> Insert | None: one pgoutput Insert."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -117,7 +205,7 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cdc_relay.decode._tuple_reader",
-    .m_doc = "One pgoutput TupleData read in one call (pgoutput.py's reader is the reference).",
+    .m_doc = "One pgoutput TupleData, or Insert, read in one call (pgoutput.py is the reference).",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

@@ -54,16 +54,26 @@ from cdc_relay.decode.messages import (
     Update,
     Value,
 )
+from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
 
 # The same tuple reader in C, built by setup.py where a compiler exists; this module's is the
 # reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one: cdc_relay._hot_path).
 _RowReader: TypeAlias = Callable[[bytes, int, UnchangedToast], "tuple[TupleData, int] | None"]
+_InsertReader: TypeAlias = Callable[
+    ["bytes | memoryview", int, "type[Insert]", UnchangedToast], "Insert | None"
+]
 try:
     from cdc_relay.decode import _tuple_reader
 
     _read_row: _RowReader | None = _tuple_reader.read_tuple
+    _read_insert: _InsertReader | None = _tuple_reader.read_insert
 except ImportError:
     _read_row = None
+    _read_insert = None
+# Module-level Final names are C statics in the compiled build, other globals a dict lookup.
+_READ_INSERT: Final = _read_insert
+_INSERT: Final = Insert
+_UNCHANGED: Final = UNCHANGED_TOAST
 
 __all__ = ["PgOutputDecoder"]
 
@@ -459,6 +469,21 @@ class PgOutputDecoder:
     def in_stream(self) -> bool:
         """True between a Stream Start and the following Stream Stop."""
         return self._in_stream
+
+    def decode_xlog(self, frame: memoryview) -> tuple[Message, ...]:
+        """The message of one XLogData frame as received (its header first), as the session
+        reads frames (:data:`cdc_relay.decode.plugin.XLogDecoder`).
+
+        An Insert (every event) is read straight from the frame in one C call where the extension
+        is built (None for anything else or anything malformed); the rest goes through
+        :meth:`decode`, which is the reference and names every error.
+        """
+        if _READ_INSERT is not None and not self._in_stream:
+            found = _READ_INSERT(frame, XLOG_DATA_PAYLOAD_OFFSET, _INSERT, _UNCHANGED)
+            if found is not None:
+                return (found,)
+        # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
+        return (self.decode(frame.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
 
     def decode(self, data: bytes | memoryview) -> Message:
         """Decode one pgoutput message (the ``data`` of one XLogData / slot-function row)."""

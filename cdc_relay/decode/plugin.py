@@ -8,20 +8,21 @@ message's WAL position and pgoutput does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from psycopg import sql
 
 from cdc_relay.config import Plugin, Settings
-from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET, XLOG_DATA_START, XLOG_PAYLOAD
+from cdc_relay.replication.protocol import XLOG_DATA_START, XLOG_PAYLOAD
 
 if TYPE_CHECKING:
     from cdc_relay.decode.messages import Message
 
 PGOUTPUT_PROTO_VERSION = "1"  # v2 only adds streaming of in-progress transactions: not wanted
 
-XLogDecoder: TypeAlias = "Callable[[memoryview], Sequence[Message]]"
+# A tuple, not any Sequence: the compiled session then walks it by index, not by an iterator.
+XLogDecoder: TypeAlias = "Callable[[memoryview], tuple[Message, ...]]"
 
 
 def plugin_options_for(settings: Settings) -> dict[str, str]:
@@ -50,16 +51,10 @@ def decoder_for(settings: Settings) -> XLogDecoder:
 
         wal2json = Wal2JsonDecoder().decode
 
-        def decode_wal2json(data: memoryview) -> Sequence[Message]:
-            return wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big"))
+        def decode_wal2json(data: memoryview) -> tuple[Message, ...]:
+            return tuple(wal2json(data[XLOG_PAYLOAD], int.from_bytes(data[XLOG_DATA_START], "big")))
 
         return decode_wal2json
     from cdc_relay.decode.pgoutput import PgOutputDecoder  # noqa: PLC0415
 
-    pgoutput = PgOutputDecoder().decode
-
-    def decode_pgoutput(data: memoryview) -> Sequence[Message]:
-        # Copying the whole frame and slicing the copy is cheaper than slicing the view first.
-        return (pgoutput(data.tobytes()[XLOG_DATA_PAYLOAD_OFFSET:]),)
-
-    return decode_pgoutput
+    return PgOutputDecoder().decode_xlog

@@ -105,7 +105,7 @@ class Tracing:
     @staticmethod
     def traced(  # noqa: PLR0917 - a delivery callback's shape, four of them bound by partial
         span: Span,
-        callback: Callable[[str, list[tuple[str, bytes]], Any, Any], None],
+        callback: Callable[[tuple[str, list[tuple[str, bytes]]], Any, Any], None],
         topic: str,
         headers: list[tuple[str, bytes]],
         err: Any,
@@ -113,7 +113,7 @@ class Tracing:
     ) -> None:
         """A record's delivery callback that ends its publish span first."""
         Tracing.end_publish(span, err, msg)
-        callback(topic, headers, err, msg)
+        callback((topic, headers), err, msg)
 
     def shutdown(self) -> None:
         if self._provider is not None:

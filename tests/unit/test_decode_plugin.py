@@ -65,7 +65,7 @@ def test_wal2json_decoder_takes_the_wal_position_from_the_header() -> None:
     # A logical message without "lsn" is placed at the XLogData's data start.
     message = {"action": "M", "transactional": True, "prefix": "outbox", "content": "hi"}
     decoded = decoder_for(settings("wal2json"))(frame(json.dumps(message).encode()))
-    assert decoded == [LogicalMessage(True, DATA_START, "outbox", b"hi", None)]
+    assert decoded == (LogicalMessage(True, DATA_START, "outbox", b"hi", None),)
 
 
 def test_wal2json_decoder_keeps_its_relations_across_calls() -> None:

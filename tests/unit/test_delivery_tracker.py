@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+from types import MethodType
 
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publisher import DeliveryTracker
@@ -17,7 +17,7 @@ def _produce(tracker: DeliveryTracker, txn: PendingTransaction, count: int) -> l
     records = []
     for i in range(count):
         headers = [("id", b"%d" % i)]
-        records.append(Record(TOPIC, b"{}", b"k", headers, partial(callback, TOPIC, headers)))
+        records.append(Record(TOPIC, b"{}", b"k", headers, MethodType(callback, (TOPIC, headers))))
         txn.produced()
     return records
 
@@ -45,3 +45,26 @@ def test_every_acknowledged_event_is_counted_and_observed_once() -> None:
     # Two observations (commit time 0: each is "now"), standing for 3 and 2 events.
     assert 5 * stats.latency.min <= stats.latency.sum <= 5 * stats.latency.max
     assert txn.offsets == {(TOPIC, 0): 1}  # the highest offset the partition acknowledged
+
+
+def test_a_session_counts_its_own_acknowledgements_dead_letters_included() -> None:
+    """A new session's tracker starts at zero whatever the relay counted before it, and counts
+    published and dead-lettered records alike (the confirmer and the stall monitor compare it)."""
+    stats = RelayStats()
+    stats.published_by_topic[TOPIC] = 7
+    stats.dead_lettered = 2
+    tracker = DeliveryTracker(stats)
+    assert tracker.acked == 0
+    txn = PendingTransaction(100, commit_time=0.0)
+    records = _produce(tracker, txn, 3)
+    dead_letter = tracker.callback(txn, "public.outbox", dead_letter=True)
+    headers = [("id", b"x")]
+    records.append(
+        Record(
+            "dead.letters", b"{}", b"k", headers, MethodType(dead_letter, ("dead.letters", headers))
+        )
+    )
+    txn.produced()
+    _acknowledge(records)
+    assert tracker.acked == 4
+    assert (stats.published, stats.dead_lettered, txn.pending) == (10, 3, 0)

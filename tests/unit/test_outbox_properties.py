@@ -5,7 +5,7 @@ that would crash or be cut by librdkafka."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from cdc_relay.dead_letter import header_name_ok
 from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn, Value
 from cdc_relay.outbox import MessageMapping, OutboxMapping, OutboxRecord
+from cdc_relay.shaped_mapping import ShapedMapping
 from cdc_relay.value_text import MalformedEvent
 from tests.hostile_values import json_texts
 
@@ -125,6 +126,7 @@ def test_a_logical_message_maps_to_a_record_or_a_malformed_event(content: bytes)
     except MalformedEvent:
         return
     _check_record(record)
+    assert mapping.map_fields(content) == tuple(record)  # what the session publishes
 
 
 def _message(event: Mapping[str, object], headers: bytes | None, payload: bytes) -> bytes:
@@ -207,3 +209,29 @@ def test_a_row_never_sends_a_header_name_the_relay_sets(
     assert names[:3] == list(_RELAY_SET)
     assert names[3:] == list(entries)  # the row's own, each once, after the relay's
     assert record.headers[0] == ("id", b"e-1")
+
+
+def _outcome(
+    mapping: Callable[[tuple[Value, ...]], tuple[object, ...]], row: tuple[Value, ...]
+) -> object:
+    try:
+        return tuple(mapping(row))
+    except MalformedEvent as exc:
+        return (str(exc), exc.event_id)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    payload_type=st.sampled_from(PAYLOAD_TYPES),
+    shaped=st.booleans(),
+    values=st.lists(_VALUES, min_size=0, max_size=len(COLUMNS) + 1),
+)
+def test_the_session_publishes_the_record_map_returns(
+    payload_type: int, shaped: bool, values: list[Value]
+) -> None:
+    """map_fields (the session's, a plain tuple) is map's record field for field, or the same
+    refusal, whatever the payload's type and for the general mapping too."""
+    kind = ShapedMapping if shaped else OutboxMapping
+    mapping = kind(_relation(payload_type, JSONB), TEMPLATE)
+    row = tuple(values)
+    assert _outcome(mapping.map_fields, row) == _outcome(mapping.map, row)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from cdc_relay.reconcile import (
     ENTRY_OVERHEAD,
+    ORDINALS,
     POSITION_HEADER,
     ReadBack,
     ReadBackCheck,
@@ -299,3 +300,9 @@ def test_offset_gaps_of_apache_kafka_are_not_doubts() -> None:
     assert result.found == {position(RECORDED + 8, 1): b"e1", position(RECORDED + 8, 2): b"e2"}
     # The end of u[0] may be past 10 (a marker after offset 9): a lower note only reads more.
     assert result.renoted == {("u", 0): 10}
+
+
+def test_the_precomputed_ordinals_are_the_ordinals_as_text() -> None:
+    """The hot path joins a transaction's prefix and ORDINALS[n]; past the table it formats."""
+    assert all(text == b"%d" % ordinal for ordinal, text in enumerate(ORDINALS))
+    assert len(ORDINALS) >= 1024

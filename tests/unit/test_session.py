@@ -25,7 +25,7 @@ from cdc_relay.errors import (
 from cdc_relay.kafka_transaction import Resend
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
+from cdc_relay.reconcile import ORDINALS, POSITION_HEADER, Reconciliation, parse_position
 from cdc_relay.session import Session
 from cdc_relay.topics import TopicRules
 from tests.fakes import (
@@ -352,3 +352,25 @@ def test_a_note_stays_until_an_offset_replaces_it_in_the_record() -> None:
     with pytest.raises(StopSession):
         harness.session.stream()  # the first record to the second topic notes its partitions
     assert harness.store.noted == {(TOPIC_ORDER, 0): 0, (TOPIC_CITY, 0): 0}
+
+
+def test_positions_count_on_past_the_precomputed_ordinals() -> None:
+    """A transaction of more events than ORDINALS holds: every position is its ordinal, in order,
+    the later ones formatted rather than looked up."""
+    decode = decoder_for(_settings())
+    kinds = [type(decode(memoryview(f))[0]) for f in FRAMES]
+    first_insert = kinds.index(Insert)
+    first_commit = kinds.index(Commit)
+    count = len(ORDINALS) + 5
+    frames = [
+        *FRAMES[:first_insert],
+        *[FRAMES[first_insert]] * count,
+        *FRAMES[first_insert + 1 : first_commit + 1],
+    ]
+    harness = Harness(frames)
+    harness.run()
+    positions = [r.header(POSITION_HEADER) for r in harness.sink.delivered]
+    parsed = [parse_position(p) for p in positions if p is not None]
+    assert [p[2] for p in parsed if p] == list(range(1, count + 1))
+    prefix = positions[0][: -len(b"1")] if positions[0] else b""
+    assert positions[-1] == prefix + b"%d" % count

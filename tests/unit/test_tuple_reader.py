@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
 from cdc_relay.decode import pgoutput
-from cdc_relay.decode.messages import UNCHANGED_TOAST
+from cdc_relay.decode.messages import UNCHANGED_TOAST, Insert
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 
 PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
@@ -123,3 +123,95 @@ def test_the_decoder_uses_it_unless_pure_python_is_asked_for() -> None:
     row = b"I" + struct.pack(">IB", 7, 0x4E) + struct.pack(">H", 2) + column("t", b"x") + b"u"
     message = PgOutputDecoder().decode(row)
     assert message.new == (b"x", UNCHANGED_TOAST)  # type: ignore[union-attr]
+
+
+def read_insert_c(frame: bytes, offset: int) -> Any:
+    """What PgOutputDecoder.decode_xlog does with the C reader: its Insert, or decode's verdict."""
+    found = READER.read_insert(memoryview(frame), offset, Insert, UNCHANGED_TOAST)
+    return found if found is not None else PgOutputDecoder().decode(frame[offset:])
+
+
+def read_insert_pure(frame: bytes, offset: int) -> Any:
+    return PgOutputDecoder().decode(frame[offset:])
+
+
+def insert(relation_id: int, marker: bytes, tuple_data: bytes) -> bytes:
+    return b"I" + struct.pack(">I", relation_id) + marker + tuple_data
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(COLUMNS, max_size=12),
+    st.binary(max_size=25),
+    st.binary(max_size=5),
+)
+def test_well_formed_inserts_read_the_same(
+    relation_id: int, columns: list[tuple[str, bytes]], header: bytes, after: bytes
+) -> None:
+    """An Insert read straight from its frame (the XLogData header before it, trailing bytes
+    after it ignored) is exactly the message the reference decoder returns, of the same type."""
+    body = struct.pack(">H", len(columns)) + b"".join(column(k, v) for k, v in columns)
+    frame = header + insert(relation_id, b"N", body) + after
+    found = READER.read_insert(memoryview(frame), len(header), Insert, UNCHANGED_TOAST)
+    expected = read_insert_pure(frame, len(header))
+    assert found == expected
+    assert type(found) is Insert
+    assert found.relation_id == relation_id
+    assert found.xid is None
+    assert [type(v) for v in found.new] == [type(v) for v in expected.new]
+
+
+_MESSAGES = st.one_of(
+    st.tuples(
+        st.integers(0, 2**32 - 1), st.sampled_from([b"N", b"K", b"O", b""]), st.binary(max_size=30)
+    ).map(lambda m: insert(*m)),
+    st.binary(max_size=30),
+    st.sampled_from([b"I", b"B" + bytes(20), b"C" + bytes(25)]),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_MESSAGES, st.lists(_PARTS, max_size=6), st.integers(0, 6), st.integers(0, 4))
+def test_any_message_decodes_the_same_or_fails_the_same(
+    message: bytes, parts: list[bytes], cut: int, offset: int
+) -> None:
+    """Any message, not only an Insert, malformed ones included (a bad marker, a tuple that lies,
+    truncation, an offset past the end): the same message or the same error as the reference."""
+    frame = b"w" * offset + (message + b"".join(parts))[: max(len(message) + 8 - cut, 0)]
+    assert outcome(read_insert_c, frame, offset) == outcome(read_insert_pure, frame, offset)
+    assert READER.read_insert(frame, len(frame) + 1, Insert, UNCHANGED_TOAST) is None
+
+
+def test_read_insert_takes_a_buffer_and_a_tuple_type() -> None:
+    frame = insert(7, b"N", struct.pack(">H", 1) + column("t", b"x"))
+    assert READER.read_insert(frame, 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
+    assert READER.read_insert(bytearray(frame), 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
+    with pytest.raises(TypeError):
+        READER.read_insert("I", 0, Insert, UNCHANGED_TOAST)
+    with pytest.raises(TypeError):
+        READER.read_insert(frame, 0, dict, UNCHANGED_TOAST)
+    with pytest.raises(TypeError):
+        READER.read_insert(frame, 0, Insert)
+    assert READER.read_insert(frame, -1, Insert, UNCHANGED_TOAST) is None
+
+
+def test_the_decoder_reads_inserts_from_the_frame_unless_pure_python_is_asked_for() -> None:
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    assert (vars(pgoutput)["_READ_INSERT"] is None) == pure
+    frame = b"w" * 25 + insert(7, b"N", struct.pack(">H", 2) + column("t", b"x") + b"n")
+    (message,) = PgOutputDecoder().decode_xlog(memoryview(frame))
+    assert message == Insert(7, (b"x", None), None)
+    assert type(message) is Insert
+
+
+def test_inside_a_stream_block_an_insert_carries_its_xid() -> None:
+    """Between Stream Start and Stream Stop an Insert begins with an xid: the frame reader, which
+    knows only the plain layout, is not asked then."""
+    decoder = PgOutputDecoder()
+    decoder.decode(b"S" + struct.pack(">IB", 99, 1))
+    body = struct.pack(">H", 1) + column("t", b"x")
+    frame = b"w" * 25 + b"I" + struct.pack(">IIB", 99, 7, 0x4E) + body
+    assert decoder.decode_xlog(memoryview(frame)) == (Insert(7, (b"x",), 99),)
