@@ -36,7 +36,7 @@ from cdc_relay.errors import (
 )
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
-from cdc_relay.outbox import OutboxRecord
+from cdc_relay.outbox import RecordFields
 from cdc_relay.publisher import (
     DeliveryCallback,
     DeliveryFailure,
@@ -89,19 +89,20 @@ class RefusedRecord:
 
     @classmethod
     def of_record(
-        cls, txn: PendingTransaction, table: str, record: OutboxRecord, refused: ProduceRefused
+        cls, txn: PendingTransaction, table: str, record: RecordFields, refused: ProduceRefused
     ) -> RefusedRecord:
         """A mapped record known to be refused (a re-send remembers the broker's refusal)."""
+        topic, key, value, headers, event_id, _traceparent = record
         return cls(
             txn=txn,
             table=table,
             reason=refused.reason,
             code=refused.name,
-            event_id=record.event_id,
-            topic=record.topic,
-            key=record.key,
-            value=record.value,
-            headers=record.headers,
+            event_id=event_id,
+            topic=topic,
+            key=key,
+            value=value,
+            headers=headers,
             too_large=refused.too_large,
         )
 

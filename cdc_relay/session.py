@@ -62,7 +62,7 @@ from cdc_relay.outbox import (
     TRACEPARENT_HEADER_INDEX,
     MessageMapping,
     OutboxMapping,
-    OutboxRecord,
+    RecordFields,
 )
 from cdc_relay.partition_notes import PartitionNotes
 from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
@@ -464,7 +464,7 @@ class Session:
         position: bytes,
         event_id: str | None,
         table: str = "",
-        record: OutboxRecord | None = None,
+        record: RecordFields | None = None,
     ) -> bool:
         """During the replayed window: was this event read back from Kafka at the start (or, in
         a re-send, committed by a split)? Then it counts as delivered (its transaction waits for
