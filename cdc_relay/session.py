@@ -96,6 +96,10 @@ log = logging.getLogger(__name__)
 _bind: Final = MethodType  # a record's (topic, headers) to its delivery callback
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
+# The wait while records are in flight: their acknowledgements are served only by polling the
+# producer, so an acknowledgement that arrives while the loop waits on PostgreSQL's socket waits
+# this long at most before it counts (and, with exactly once, before its transaction may commit).
+IN_FLIGHT_WAIT = 0.002
 POLL_EVERY = 256  # messages between producer polls while streaming
 HOUSEKEEPING_SPACING = 0.001  # at most this often when the received data runs out
 
@@ -229,6 +233,7 @@ class Session:
         owner = self.owner
         read = self.source.read
         wait = self.source.wait
+        in_flight = self.sink.in_flight
         decode = self.decode
         watermark = self.watermark
         confirmer = self.confirmer
@@ -247,7 +252,7 @@ class Session:
                 # Everything received is handled: serve acknowledgements, confirm, then wait.
                 if time.monotonic() - self.last_housekeeping >= HOUSEKEEPING_SPACING:
                     self.housekeeping()
-                wait(READ_TIMEOUT)
+                wait(IN_FLIGHT_WAIT if in_flight() else READ_TIMEOUT)
                 continue
             kind = data[0]
             if kind == XLOG_DATA:
