@@ -1,0 +1,287 @@
+"""A zombie leader, made on purpose: the proof that exactly once holds where at-least-once cannot.
+
+A leader and a standby relay share a slot (the lease as in test_high_availability.py); writers
+commit ~800 events/s over 14 aggregates. The leader's only way to the broker is a
+:class:`~tests.integration.holding_proxy.HoldingProxy` (the test broker advertises the proxy's
+address). A zombie round: the proxy holds every byte the leader sends for 0.5 s (its produce
+requests left the process and are in flight), the leader is stopped (SIGSTOP), the standby's
+lease wait ends and it takes over and publishes, the proxy releases the held bytes to the broker,
+and the old leader is woken (SIGCONT) and must find it lost the lease: confirm nothing, stand by.
+Between zombie rounds the leader is killed (kill -9) and the broker is paused (SIGSTOP/SIGCONT
+of the broker: an outage with its connections kept — a restart of the test broker would lose all
+its data, since Tansu keeps it in memory).
+
+A ``read_committed`` consumer (``assign()``, not a group) counts what arrived against the rows
+written: duplicates by event id, losses, and the order per aggregate. With
+``CDC_RELAY_EXACTLY_ONCE`` off the held requests and the woken producer's queued records are
+appended next to the successor's copies: the test asserts it sees those duplicates (the detector
+works, and at-least-once is what the setting off promises). With it on, the successor's
+``init_transactions`` fences the old producer: each event arrives exactly once, in commit order
+per aggregate, nothing lost.
+
+Runs on the local test broker only: the proxy relies on the broker advertising the proxy's
+address, which a broker somebody else runs does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.conftest import BOOTSTRAP_SERVERS_ENV
+from tests.integration.holding_proxy import ProxiedBroker, proxied_broker, wait_stopped
+from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
+from tests.integration.test_high_availability import (
+    LEASE,
+    PARTITIONS,
+    Writers,
+    _by_pid,
+    _env,
+    _leader_pid,
+    _start,
+    _wait_leader,
+    _wait_renewed_and_confirmed,
+    relays,  # noqa: F401 - the fixture
+)
+
+pytestmark = pytest.mark.integration
+
+HOLD = 0.5  # seconds the leader's bytes are held before it is stopped
+BROKER_PAUSE = 2.0
+ROUNDS = ("zombie", "kill", "zombie", "broker", "zombie")
+CONFIRMED = "cdc_relay.confirmation: confirmed"
+
+
+class CommittedReader:
+    """Reads the topic with ``isolation.level=read_committed`` from the start while the test
+    runs; keeps each record's event id and payload in the order of its partition, each offset
+    once (a fetch that returns records again after a broker pause is not a duplicate)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.arrivals: list[tuple[float, str, int, bytes]] = []  # (when, id, partition, value)
+        self._offsets: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"zombie-{topic}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                "log_level": 3,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.consume(num_messages=1000, timeout=0.02):
+                error = message.error()
+                if error is not None:
+                    self.errors.append(str(error))
+                    continue
+                raw = dict(message.headers() or []).get("id") or b""
+                event_id = raw.decode() if isinstance(raw, bytes) else raw
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None
+                assert offset is not None
+                if (partition, offset) in self._offsets:
+                    continue
+                self._offsets.add((partition, offset))
+                with self._lock:
+                    self.arrivals.append(
+                        (time.monotonic(), event_id, partition, bytes(message.value() or b""))
+                    )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def snapshot(self) -> list[tuple[float, str, int, bytes]]:
+        with self._lock:
+            return list(self.arrivals)
+
+    def first_new_event_after(self, fault: float, writers: Writers, timeout: float) -> float:
+        """Seconds from ``fault`` to the arrival of the first event whose transaction began
+        after it (only a relay at work after the fault can have published it)."""
+        deadline = time.monotonic() + timeout
+        index = 0
+        while time.monotonic() < deadline:
+            arrivals = self.snapshot()
+            for at, event_id, _partition, _value in arrivals[index:]:
+                began = writers.began_at(event_id)
+                if began is not None and began > fault:
+                    return at - fault
+            index = len(arrivals)
+            time.sleep(0.01)
+        raise AssertionError(f"no event begun after the fault arrived within {timeout}s")
+
+    def duplicates(self) -> int:
+        counts = Counter(event_id for _at, event_id, _p, _v in self.snapshot())
+        return sum(n - 1 for n in counts.values())
+
+
+@pytest.fixture
+def proxied() -> Iterator[ProxiedBroker]:
+    """A test broker of its own, reachable only through a :class:`HoldingProxy`."""
+    if os.environ.get(BOOTSTRAP_SERVERS_ENV):
+        pytest.skip(
+            f"the holding proxy needs a local test broker that advertises it; "
+            f"{BOOTSTRAP_SERVERS_ENV} points at an external broker"
+        )
+    made = proxied_broker()
+    try:
+        yield made
+    finally:
+        made.cleanup()
+        made.proxy.close()
+
+
+def _wait_for_log_since(relay: RelayProcess, mark: int, text: str, timeout: float) -> None:
+    wait_until(lambda: text in relay.logs()[mark:], timeout, f"{text!r} in relay {relay.pid}")
+
+
+@dataclass
+class ZombieRound:
+    held_bytes: int
+    takeover: float
+    released_duplicates: int  # arrived after the release, before the old leader woke
+    woken_duplicates: int  # arrived after it woke
+
+
+def _zombie_round(
+    broker: ProxiedBroker,
+    reader: CommittedReader,
+    writers: Writers,
+    running: list[RelayProcess],
+    leader: RelayProcess,
+    database: str,
+    slot: str,
+) -> ZombieRound:
+    """Hold, stop, take over, release, wake; the woken leader confirms nothing and stands by."""
+    held = broker.proxy.hold(leader.pid)
+    assert held > 0, "the proxy found no connection of the leader to hold"
+    time.sleep(HOLD)
+    os.kill(leader.pid, signal.SIGSTOP)
+    wait_stopped(leader.pid)
+    stopped = time.monotonic()
+    mark = len(leader.logs())  # a stopped process writes nothing: all later lines are the woken's
+    took = reader.first_new_event_after(stopped, writers, LEASE + 20)
+    successor = _by_pid(running, _leader_pid(database, slot))
+    assert successor is not leader
+    before = reader.duplicates()
+    kept = broker.proxy.release()
+    assert kept > 0, "the leader sent nothing while held: no request was in flight"
+    time.sleep(0.5)  # the released requests reach the broker (and the reader) first
+    released = reader.duplicates()
+    os.kill(leader.pid, signal.SIGCONT)
+    _wait_for_log_since(leader, mark, "lost the leadership", 15)
+    _wait_for_log_since(leader, mark, "standby: another relay leads", 15)
+    woken = leader.logs()[mark:]
+    assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
+    assert _leader_pid(database, slot) == successor.pid
+    return ZombieRound(kept, took, released - before, reader.duplicates() - released)
+
+
+def _count(reader: CommittedReader, writers: Writers) -> tuple[int, int, dict[str, list[int]]]:
+    """(duplicates, lost, each aggregate's sequence numbers in the order they arrived)."""
+    expected = {event_id for event_id, _, _ in writers.events}
+    wait_until(
+        lambda: expected <= {a[1] for a in reader.snapshot()}, 60, "every written event to arrive"
+    )
+    arrivals = reader.snapshot()
+    sequences: defaultdict[str, list[int]] = defaultdict(list)
+    for _at, _event_id, _partition, value in arrivals:
+        payload = orjson.loads(value)
+        sequences[payload["agg"]].append(payload["seq"])
+    seen = {a[1] for a in arrivals}
+    return len(arrivals) - len(seen), len(expected - seen), dict(sequences)
+
+
+@pytest.mark.parametrize("exactly_once", ["false", "true"])
+def test_a_zombie_leader_publishes_nothing_twice(
+    database: str,
+    proxied: ProxiedBroker,
+    unique: str,
+    relays: list[RelayProcess],  # noqa: F811 - the fixture
+    exactly_once: str,
+) -> None:
+    create_outbox(database)
+    broker = proxied
+    topic = f"{unique}.order"
+    broker.create_topic(topic, PARTITIONS)
+    env = _env(database, broker, unique, exactly_once=exactly_once)
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    reader = CommittedReader(broker.bootstrap_servers, topic)
+    zombies: list[ZombieRound] = []
+    report: list[str] = []
+    try:
+        _start(relays, env)
+        _start(relays, env)
+        _wait_leader(database, env, relays)
+        with Writers(database, threads=2, rate=800) as writers:
+            for fault in ROUNDS:
+                leader = _wait_leader(database, env, relays)
+                reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
+                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                before = reader.duplicates()
+                at = time.monotonic()
+                if fault == "zombie":
+                    zombie = _zombie_round(broker, reader, writers, relays, leader, database, slot)
+                    zombies.append(zombie)
+                    detail = (
+                        f"{zombie.held_bytes} bytes held, takeover {zombie.takeover:.2f}s, "
+                        f"duplicates {zombie.released_duplicates} after the release + "
+                        f"{zombie.woken_duplicates} after the wake"
+                    )
+                elif fault == "kill":
+                    leader.kill()
+                    took = reader.first_new_event_after(at, writers, LEASE + 20)
+                    relays.remove(leader)
+                    leader.close()
+                    _start(relays, env).wait_for_log("standby: another relay leads")
+                    detail = f"takeover {took:.2f}s"
+                else:
+                    broker.pause()
+                    time.sleep(BROKER_PAUSE)
+                    broker.resume()
+                    took = reader.first_new_event_after(time.monotonic(), writers, 30)
+                    detail = f"flowing {took:.2f}s after the resume"
+                    assert _leader_pid(database, slot) == leader.pid, "the lease moved"
+                report.append(f"{fault}: {reader.duplicates() - before} duplicates ({detail})")
+        duplicates, lost, sequences = _count(reader, writers)
+        written = len(writers.events)
+    finally:
+        reader.close()
+    for relay in relays:
+        assert relay.stop() == 0, relay.logs()
+    print(
+        f"\nCDC_RELAY_EXACTLY_ONCE={exactly_once}: {written} events written, {duplicates} "
+        f"duplicates, {lost} lost\n" + "\n".join(report)
+    )
+    assert not reader.errors, reader.errors
+    assert lost == 0
+    for aggregate, arrived in sequences.items():
+        firsts = list(dict.fromkeys(arrived))
+        assert firsts == list(range(len(firsts))), f"order broken for {aggregate}"
+    if exactly_once == "false":
+        # At-least-once: every zombie round appends the old leader's copies, and they are seen.
+        assert all(z.released_duplicates + z.woken_duplicates > 0 for z in zombies), report
+    else:
+        assert duplicates == 0, report
+        for aggregate, arrived in sequences.items():
+            assert arrived == list(range(len(arrived))), f"{aggregate} not exactly once in order"
