@@ -1,22 +1,28 @@
-"""A TCP proxy in front of the test broker that can hold back what one process sends to it.
+"""A TCP proxy in front of a Kafka cluster that can hold back what one process sends to it.
 
 A zombie leader is a relay that paused (a GC or VM freeze, SIGSTOP, a stalled network) with
 records in flight: its successor publishes them again, and then the paused process's bytes reach
 the broker after all. Making that happen on purpose, every time, needs the old leader's requests
 to be *sent* (they left the process, as a stalled network leaves them) yet *not arrive* until the
 successor has taken over. :meth:`HoldingProxy.hold` does that for one process: from then on every
-byte that process sends to the broker is read by the proxy and kept, in order; the broker's
+byte that process sends to any broker is read by the proxy and kept, in order; the brokers'
 answers to what already went through still reach it. :meth:`HoldingProxy.release` hands the kept
-bytes to the broker, in order, and forwards again. Other processes (the standby, the test's
-consumer) pass through untouched.
+bytes on, in order, and forwards again. Other processes (the standby, the test's consumer) pass
+through untouched.
 
-Why a broker of its own: a Kafka client connects to the address the broker *advertises* in its
-metadata, not to the bootstrap address it was given. So :class:`ProxiedBroker` is a Tansu broker
-that listens on one port and advertises the proxy's: every client, whatever it bootstraps from,
-reaches the broker only through the proxy. Which process a connection belongs to is read from
-the kernel: the client's socket (its local port is the peer port the proxy sees) has an inode in
-``/proc/net/tcp``, and the holding process has that inode among its ``/proc/<pid>/fd`` links.
-Linux only, and the test broker only: a broker somebody else runs advertises its own addresses.
+Why it speaks a little Kafka: a client connects to the addresses the brokers *advertise* in their
+metadata, not to the bootstrap address it was given, so a plain forwarder would see only the first
+request of each client. The proxy rewrites the broker addresses in the responses that tell
+producers and consumers where brokers are — Metadata and FindCoordinator, every version — to
+addresses of its own, one listener per broker, made when a broker is first named; everything else
+passes byte for byte (DescribeCluster, which only an admin client's ``describe_cluster`` sends,
+is not rewritten).
+So it works in front of any broker: the local test broker, or a real Apache Kafka in external
+mode (plaintext or SASL_PLAINTEXT listeners; not TLS, whose bytes it cannot read).
+
+Which process a connection belongs to is read from the kernel: the client's socket (its local
+port is the peer port the proxy sees) has an inode in ``/proc/net/tcp``, and the holding process
+has that inode among its ``/proc/<pid>/fd`` links. Linux only.
 """
 
 from __future__ import annotations
@@ -24,39 +30,186 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
+import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from cdc_relay.local.broker import LocalBroker
-from cdc_relay.local.lifetime import Watchdog, free_port, stat_fields
+from cdc_relay.local.lifetime import stat_fields
 
 _CHUNK = 65536
 _LOOPBACK = "127.0.0.1"
-# Tansu reads its configuration from these as well: never inherited from the test's environment.
-_TANSU_ENV = frozenset(
-    {
-        "CLUSTER_ID",
-        "LISTENER_URL",
-        "ADVERTISED_LISTENER_URL",
-        "STORAGE_ENGINE",
-        "SCHEMA_REGISTRY",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    }
-)
+METADATA = 3
+FIND_COORDINATOR = 10
+
+Route = Callable[[str, int], tuple[str, int]]  # a broker's address -> the proxy's for it
 
 
-def _client_inodes(proxy_port: int) -> dict[int, int]:
-    """Client-side port -> socket inode, for every loopback connection to ``proxy_port``."""
-    found: dict[int, int] = {}
+# -- the Kafka protocol, as far as addresses go ------------------------------------------------
+
+
+class _Reader:
+    """Reads the primitive types of the Kafka protocol from ``data``, from ``pos`` on."""
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data = data
+        self.pos = pos
+
+    def take(self, size: int) -> bytes:
+        if size < 0 or self.pos + size > len(self.data):
+            raise ValueError("truncated Kafka message")
+        chunk = self.data[self.pos : self.pos + size]
+        self.pos += size
+        return chunk
+
+    def int16(self) -> int:
+        return int(struct.unpack(">h", self.take(2))[0])
+
+    def int32(self) -> int:
+        return int(struct.unpack(">i", self.take(4))[0])
+
+    def uvarint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 28:
+                raise ValueError("varint too long")
+
+    def string(self, compact: bool) -> str | None:
+        size = self.uvarint() - 1 if compact else self.int16()
+        return None if size < 0 else self.take(size).decode()
+
+    def array_length(self, compact: bool) -> int:
+        return self.uvarint() - 1 if compact else self.int32()
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.take(self.uvarint())
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(value: str, compact: bool) -> bytes:
+    raw = value.encode()
+    return (_uvarint(len(raw) + 1) if compact else struct.pack(">h", len(raw))) + raw
+
+
+def _flexible(api_key: int, version: int) -> bool:
+    return version >= (9 if api_key == METADATA else 3)
+
+
+def _address(reader: _Reader, out: bytearray, compact: bool, route: Route) -> None:
+    """Copy ``host string, port int32`` from ``reader`` to ``out``, routed; an absent address
+    (an error's empty host, port -1) stays as it is."""
+    start = reader.pos
+    host = reader.string(compact)
+    port = reader.int32()
+    if not host or port < 0:
+        out += reader.data[start : reader.pos]
+        return
+    new_host, new_port = route(host, port)
+    out += _string(new_host, compact) + struct.pack(">i", new_port)
+
+
+def rewrite_response(api_key: int, version: int, body: bytes, route: Route) -> bytes:
+    """A response body (after the correlation id) with every broker address routed; bodies of
+    other requests unchanged."""
+    if api_key not in (METADATA, FIND_COORDINATOR):
+        return body
+    compact = _flexible(api_key, version)
+    reader = _Reader(body)
+    out = bytearray()
+
+    def copy_to_here(start: int) -> None:
+        out.extend(body[start : reader.pos])
+
+    start = 0
+    if compact:
+        reader.skip_tags()  # the response header's tagged fields
+    if api_key == METADATA:
+        if version >= 3:
+            reader.int32()  # throttle_time_ms
+        brokers = reader.array_length(compact)
+        copy_to_here(start)
+        for _ in range(max(brokers, 0)):
+            start = reader.pos
+            reader.int32()  # node_id
+            copy_to_here(start)
+            _address(reader, out, compact, route)
+            start = reader.pos
+            if version >= 1:
+                reader.string(compact)  # rack
+            if compact:
+                reader.skip_tags()
+            copy_to_here(start)
+    elif version < 4:
+        if version >= 1:
+            reader.int32()  # throttle_time_ms
+        reader.int16()  # error_code
+        if version >= 1:
+            reader.string(compact)  # error_message
+        reader.int32()  # node_id
+        copy_to_here(start)
+        _address(reader, out, compact, route)
+    else:
+        reader.int32()  # throttle_time_ms
+        coordinators = reader.array_length(compact=True)
+        copy_to_here(start)
+        for _ in range(max(coordinators, 0)):
+            start = reader.pos
+            reader.string(compact=True)  # key
+            reader.int32()  # node_id
+            copy_to_here(start)
+            _address(reader, out, compact, route)
+            start = reader.pos
+            reader.int16()  # error_code
+            reader.string(compact=True)  # error_message
+            reader.skip_tags()
+            copy_to_here(start)
+    out += body[reader.pos :]
+    return bytes(out)
+
+
+def _frames(buffer: bytearray) -> list[bytes]:
+    """Whole size-prefixed frames taken off the front of ``buffer`` (the rest stays)."""
+    frames = []
+    while len(buffer) >= 4:
+        size = int(struct.unpack(">i", buffer[:4])[0])
+        if len(buffer) < 4 + size:
+            break
+        frames.append(bytes(buffer[: 4 + size]))
+        del buffer[: 4 + size]
+    return frames
+
+
+# -- who owns a connection ---------------------------------------------------------------------
+
+
+def _client_inodes(proxy_ports: set[int]) -> dict[tuple[int, int], int]:
+    """(client port, proxy port) -> the client socket's inode, for connections to the proxy."""
+    found: dict[tuple[int, int], int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
-                local, remote, inode = fields[1], fields[2], int(fields[9])
-                if int(remote.rsplit(":", 1)[1], 16) == proxy_port and inode:
-                    found[int(local.rsplit(":", 1)[1], 16)] = inode
+                local = int(fields[1].rsplit(":", 1)[1], 16)
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                inode = int(fields[9])
+                if remote in proxy_ports and inode:
+                    found[(local, remote)] = inode
     return found
 
 
@@ -72,24 +225,29 @@ def _socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
+# -- the proxy ---------------------------------------------------------------------------------
+
+
 class _Link:
     """One forwarded connection; its client-to-broker direction can be held."""
 
     def __init__(self, client: socket.socket, server: socket.socket) -> None:
         self.client = client
         self.server = server
-        self.client_port = int(client.getpeername()[1])
+        self.key = (int(client.getpeername()[1]), int(client.getsockname()[1]))
         self.lock = threading.Lock()  # orders forwarding, holding and releasing
         self.held = False
         self.kept: list[bytes] = []  # b"" stands for the end of the client's stream
         self.kept_bytes = 0
+        self.requests: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
 
     def hold(self) -> None:
         with self.lock:
             self.held = True
 
-    def release(self) -> None:
+    def release(self) -> int:
         with self.lock:
+            kept = self.kept_bytes
             try:
                 for chunk in self.kept:
                     if chunk:
@@ -99,16 +257,22 @@ class _Link:
             except OSError:
                 self.close()
             self.kept.clear()
+            self.kept_bytes = 0
             self.held = False
+            return kept
 
-    def forward_from_client(self, data: bytes) -> None:
-        """Pass ``data`` on, or keep it while held; ``b""`` is the end of the stream."""
+    def to_server(self, frame: bytes) -> None:
+        """Pass a request on, or keep it while held; ``b""`` is the end of the stream."""
         with self.lock:
+            if len(frame) >= 12:
+                api_key, version, correlation = struct.unpack(">hhi", frame[4:12])
+                if api_key in (METADATA, FIND_COORDINATOR):
+                    self.requests[correlation] = (api_key, version)
             if self.held:
-                self.kept.append(data)
-                self.kept_bytes += len(data)
-            elif data:
-                self.server.sendall(data)
+                self.kept.append(frame)
+                self.kept_bytes += len(frame)
+            elif frame:
+                self.server.sendall(frame)
             else:
                 self.server.shutdown(socket.SHUT_WR)
 
@@ -120,24 +284,19 @@ class _Link:
 
 
 class HoldingProxy:
-    """Forwards every connection on ``127.0.0.1:port`` to ``127.0.0.1:upstream_port``."""
+    """A listener on 127.0.0.1 for each broker of the cluster at ``bootstrap_servers``."""
 
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind((_LOOPBACK, 0))
-        self._listener.listen(64)
-        self.port = int(self._listener.getsockname()[1])
-        self._links: set[_Link] = set()
+    def __init__(self, bootstrap_servers: str) -> None:
         self._lock = threading.Lock()
+        self._links: set[_Link] = set()
+        self._listeners: dict[tuple[str, int], socket.socket] = {}  # by upstream address
         self._held_pid: int | None = None
         self._closed = False
-        self._acceptor = threading.Thread(target=self._accept, name="holding-proxy", daemon=True)
-        self._acceptor.start()
+        self._bootstrap = [self._route(*_split(a)) for a in bootstrap_servers.split(",")]
 
     @property
-    def address(self) -> str:
-        return f"{_LOOPBACK}:{self.port}"
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self._bootstrap)
 
     def hold(self, pid: int) -> int:
         """Keep every byte process ``pid`` sends from now on, on the connections it has and the
@@ -155,24 +314,19 @@ class HoldingProxy:
         with self._lock:
             self._held_pid = None
             links = list(self._links)
-        kept = 0
-        for link in links:
-            with link.lock:
-                kept += link.kept_bytes
-                link.kept_bytes = 0
-            link.release()
-        return kept
+        return sum(link.release() for link in links)
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
         with self._lock:
+            self._closed = True
+            listeners, self._listeners = list(self._listeners.values()), {}
             links, self._links = self._links, set()
+        for listener in listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
         for link in links:
             link.close()
-        self._acceptor.join(5)
 
     def __enter__(self) -> HoldingProxy:
         return self
@@ -182,19 +336,35 @@ class HoldingProxy:
 
     # -- inside ------------------------------------------------------------------------------
 
+    def _route(self, host: str, port: int) -> tuple[str, int]:
+        """The proxy's address for the broker at ``host:port`` (a listener made on first use)."""
+        with self._lock:
+            listener = self._listeners.get((host, port))
+            if listener is None:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind((_LOOPBACK, 0))
+                listener.listen(64)
+                self._listeners[(host, port)] = listener
+                threading.Thread(
+                    target=self._accept, args=(listener, host, port), daemon=True
+                ).start()
+            return _LOOPBACK, int(listener.getsockname()[1])
+
     def _owned_by(self, pid: int, links: list[_Link]) -> list[_Link]:
         inodes = _socket_inodes(pid)
-        by_port = _client_inodes(self.port)
-        return [link for link in links if by_port.get(link.client_port) in inodes]
+        with self._lock:
+            ports = {int(s.getsockname()[1]) for s in self._listeners.values()}
+        by_key = _client_inodes(ports)
+        return [link for link in links if by_key.get(link.key) in inodes]
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, host: str, port: int) -> None:
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             try:
-                server = socket.create_connection((_LOOPBACK, self.upstream_port), timeout=10)
+                server = socket.create_connection((host, port), timeout=10)
             except OSError:
                 client.close()
                 continue
@@ -211,22 +381,35 @@ class HoldingProxy:
             threading.Thread(target=self._from_server, args=(link,), daemon=True).start()
 
     def _from_client(self, link: _Link) -> None:
+        buffer = bytearray()
         try:
-            while True:
-                data = link.client.recv(_CHUNK)
-                link.forward_from_client(data)
-                if not data:
-                    return
+            while data := link.client.recv(_CHUNK):
+                buffer += data
+                for frame in _frames(buffer):
+                    link.to_server(frame)
+            link.to_server(b"")
         except OSError:
             self._drop(link)
 
     def _from_server(self, link: _Link) -> None:
+        buffer = bytearray()
         try:
             while data := link.server.recv(_CHUNK):
-                link.client.sendall(data)
+                buffer += data
+                for frame in _frames(buffer):
+                    link.client.sendall(self._rewritten(link, frame))
             link.client.shutdown(socket.SHUT_WR)
         except OSError:
             self._drop(link)
+
+    def _rewritten(self, link: _Link, frame: bytes) -> bytes:
+        correlation = int(struct.unpack(">i", frame[4:8])[0])
+        with link.lock:
+            request = link.requests.pop(correlation, None)
+        if request is None:
+            return frame
+        body = rewrite_response(*request, frame[8:], self._route)
+        return struct.pack(">ii", 4 + len(body), correlation) + body
 
     def _drop(self, link: _Link) -> None:
         """A reset or a closed socket: end both sides, unless bytes are still kept for later
@@ -239,67 +422,9 @@ class HoldingProxy:
         link.close()
 
 
-class ProxiedBroker(LocalBroker):
-    """A Tansu broker whose advertised address is ``proxy``'s: clients reach it only through it.
-
-    Its :attr:`bootstrap_servers` is the proxy's address; pause, resume and kill are
-    :class:`LocalBroker`'s.
-    """
-
-    _DIRECTORY_PREFIX = "cdc-relay-proxied-broker-"
-
-    def __init__(self, proxy: HoldingProxy) -> None:
-        super().__init__(proxy.upstream_port)
-        self.proxy = proxy
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.proxy.address
-
-    def start(self, timeout: float = 30.0) -> None:
-        if self.running:
-            return
-        if self._watchdog is None:
-            self._watchdog = Watchdog(self.directory, self._pid_file)
-        binary = self._install_binary()
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                [
-                    str(binary),
-                    "broker",
-                    "--listener-url",
-                    f"tcp://{_LOOPBACK}:{self.port}",
-                    "--advertised-listener-url",
-                    f"tcp://{self.proxy.address}",
-                    "--storage-engine",
-                    "memory://tansu/",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                env={k: v for k, v in os.environ.items() if k not in _TANSU_ENV},
-                start_new_session=True,
-            )
-        self._pid_file.write_text(f"{self._process.pid}\n")
-        self._paused = False
-        try:
-            self._wait_ready(time.monotonic() + timeout)
-        except BaseException:
-            self._terminate(force=True)
-            raise
-
-
-def proxied_broker() -> ProxiedBroker:
-    """A started :class:`ProxiedBroker` behind a new :class:`HoldingProxy` (close both with
-    :meth:`ProxiedBroker.cleanup` and :meth:`HoldingProxy.close`)."""
-    broker = ProxiedBroker(HoldingProxy(free_port()))
-    try:
-        broker.start()
-    except BaseException:
-        broker.proxy.close()
-        raise
-    return broker
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.strip().rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def wait_stopped(pid: int, timeout: float = 5.0) -> None:
