@@ -3,25 +3,26 @@
 A leader and a standby relay share a slot (the lease as in test_high_availability.py); writers
 commit ~800 events/s over 14 aggregates. The relays reach the broker only through a
 :class:`~tests.integration.holding_proxy.HoldingProxy` (it rewrites the brokers' advertised
-addresses to its own). A zombie round: the proxy holds every byte the leader sends for 0.5 s
-(its produce requests left the process and are in flight), the leader is stopped (SIGSTOP), the
-standby's lease wait ends and it takes over and publishes, the proxy releases the held bytes to
-the broker, and the old leader is woken (SIGCONT) and must find it lost the lease: confirm
-nothing, stand by.
-Between zombie rounds the leader is killed (kill -9) and the broker is paused (SIGSTOP/SIGCONT
-of the local test broker: an outage with its connections kept — a restart would lose all its
-data, since Tansu keeps it in memory; on an external broker that round is left out).
+addresses to its own). A stopped-zombie round: the proxy holds every byte the leader sends for
+0.5 s (its produce requests left the process and are in flight), the leader is stopped (SIGSTOP),
+the standby's lease wait ends and it takes over and publishes, the proxy releases the held bytes
+to the broker, and the old leader is woken (SIGCONT) and must find it lost the lease: confirm
+nothing, stand by. A killed-zombie round is the same with kill -9 instead of SIGSTOP: requests
+of a dead process that arrive late (a network that delivers them after the takeover); a new
+standby replaces it. Between them the leader is killed (kill -9) and the broker is paused
+(SIGSTOP/SIGCONT of the local test broker: an outage with its connections kept — a restart would
+lose all its data, since Tansu keeps it in memory; on an external broker that round is left out).
 
 A ``read_committed`` consumer (``assign()``, not a group) counts what arrived against the rows
 written: duplicates by event id, losses, and the order per aggregate. With
-``CDC_RELAY_EXACTLY_ONCE`` off the held requests and the woken producer's queued records are
-appended next to the successor's copies: the test asserts it sees those duplicates (the detector
-works, and at-least-once is what the setting off promises). With it on, the successor's
-``init_transactions`` fences the old producer: each event arrives exactly once, in commit order
-per aggregate, nothing lost. On the test broker, which does not hide the records of a transaction
-that a newer producer fenced, that also rests on the successor reading back *after* its fence
-(it finds what the zombie appended before it and does not send it again); on Apache Kafka
-(external mode) the fence aborts those records and the successor sends them once more.
+``CDC_RELAY_EXACTLY_ONCE`` off the released requests and the woken producer's queued records are
+appended next to the successor's copies: the test asserts it sees those duplicates in every zombie
+round (the detector works, and at-least-once is what the setting off promises). With it on, the
+successor's ``init_transactions`` fences the old producer: each event arrives exactly once, in
+commit order per aggregate, nothing lost. On the test broker, which does not hide the records of
+a transaction that a newer producer fenced, that also rests on the successor reading back *after*
+its fence (it finds what the zombie appended before it and does not send it again); on Apache
+Kafka (external mode) the fence aborts those records and the successor sends them once more.
 """
 
 from __future__ import annotations
@@ -57,9 +58,17 @@ from tests.integration.test_high_availability import (
 
 pytestmark = pytest.mark.integration
 
-HOLD = 0.5  # seconds the leader's bytes are held before it is stopped
+HOLD = 0.5  # seconds the leader's bytes are held before it is stopped or killed
 BROKER_PAUSE = 2.0
-ROUNDS = ("zombie", "kill", "zombie", "broker", "zombie")
+ROUNDS = (
+    "stopped zombie",
+    "kill",
+    "killed zombie",
+    "broker pause",
+    "stopped zombie",
+    "killed zombie",
+    "stopped zombie",
+)
 CONFIRMED = "cdc_relay.confirmation: confirmed"
 
 
@@ -152,7 +161,7 @@ class ZombieRound:
     held_bytes: int
     takeover: float
     released_duplicates: int  # arrived after the release, before the old leader woke
-    woken_duplicates: int  # arrived after it woke
+    woken_duplicates: int  # arrived after it woke (0 for a killed one)
 
 
 def _zombie_round(
@@ -160,16 +169,23 @@ def _zombie_round(
     reader: CommittedReader,
     writers: Writers,
     running: list[RelayProcess],
-    leader: RelayProcess,
-    database: str,
-    slot: str,
+    env: dict[str, str],
+    *,
+    killed: bool,
 ) -> ZombieRound:
-    """Hold, stop, take over, release, wake; the woken leader confirms nothing and stands by."""
+    """Hold the leader's bytes, stop it (or kill it), let the standby take over and publish,
+    release the bytes; a stopped leader is woken and must confirm nothing and stand by, a
+    killed one is replaced by a new standby."""
+    database, slot = env["CDC_RELAY_DATABASE_URL"], env["CDC_RELAY_SLOT_NAME"]
+    leader = _by_pid(running, _leader_pid(database, slot))
     held = proxy.hold(leader.pid)
     assert held > 0, "the proxy found no connection of the leader to hold"
     time.sleep(HOLD)
-    os.kill(leader.pid, signal.SIGSTOP)
-    wait_stopped(leader.pid)
+    if killed:
+        leader.kill()
+    else:
+        os.kill(leader.pid, signal.SIGSTOP)
+        wait_stopped(leader.pid)
     stopped = time.monotonic()
     mark = len(leader.logs())  # a stopped process writes nothing: all later lines are the woken's
     took = reader.first_new_event_after(stopped, writers, LEASE + 20)
@@ -180,11 +196,16 @@ def _zombie_round(
     assert kept > 0, "the leader sent nothing while held: no request was in flight"
     time.sleep(0.5)  # the released requests reach the broker (and the reader) first
     released = reader.duplicates()
-    os.kill(leader.pid, signal.SIGCONT)
-    _wait_for_log_since(leader, mark, "lost the leadership", 15)
-    _wait_for_log_since(leader, mark, "standby: another relay leads", 15)
-    woken = leader.logs()[mark:]
-    assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
+    if killed:
+        running.remove(leader)
+        leader.close()
+        _start(running, env).wait_for_log("standby: another relay leads")
+    else:
+        os.kill(leader.pid, signal.SIGCONT)
+        _wait_for_log_since(leader, mark, "lost the leadership", 15)
+        _wait_for_log_since(leader, mark, "standby: another relay leads", 15)
+        woken = leader.logs()[mark:]
+        assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
     assert _leader_pid(database, slot) == successor.pid
     return ZombieRound(kept, took, released - before, reader.duplicates() - released)
 
@@ -233,14 +254,15 @@ def test_a_zombie_leader_publishes_nothing_twice(
         _wait_leader(database, env, relays)
         with Writers(database, threads=2, rate=800) as writers:
             local = isinstance(broker, LocalBroker)
-            for fault in [f for f in ROUNDS if local or f != "broker"]:
+            for fault in [f for f in ROUNDS if local or f != "broker pause"]:
                 leader = _wait_leader(database, env, relays)
                 reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
                 _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
                 before = reader.duplicates()
                 at = time.monotonic()
-                if fault == "zombie":
-                    zombie = _zombie_round(proxy, reader, writers, relays, leader, database, slot)
+                if fault.endswith("zombie"):
+                    killed = fault == "killed zombie"
+                    zombie = _zombie_round(proxy, reader, writers, relays, env, killed=killed)
                     zombies.append(zombie)
                     detail = (
                         f"{zombie.held_bytes} bytes held, takeover {zombie.takeover:.2f}s, "
