@@ -292,6 +292,7 @@ class HoldingProxy:
         self._listeners: dict[tuple[str, int], socket.socket] = {}  # by upstream address
         self._held_pid: int | None = None
         self._closed = False
+        self.errors: list[str] = []  # responses it could not read (passed on unchanged)
         self._bootstrap = [self._route(*_split(a)) for a in bootstrap_servers.split(",")]
 
     @property
@@ -368,10 +369,15 @@ class HoldingProxy:
             except OSError:
                 client.close()
                 continue
-            server.settimeout(None)
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            link = _Link(client, server)
+            try:
+                server.settimeout(None)
+                for sock in (client, server):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                link = _Link(client, server)
+            except OSError:  # the client is already gone
+                client.close()
+                server.close()
+                continue
             with self._lock:
                 self._links.add(link)
                 held_pid = self._held_pid
@@ -403,12 +409,18 @@ class HoldingProxy:
             self._drop(link)
 
     def _rewritten(self, link: _Link, frame: bytes) -> bytes:
+        if len(frame) < 8:
+            return frame
         correlation = int(struct.unpack(">i", frame[4:8])[0])
         with link.lock:
             request = link.requests.pop(correlation, None)
         if request is None:
             return frame
-        body = rewrite_response(*request, frame[8:], self._route)
+        try:
+            body = rewrite_response(*request, frame[8:], self._route)
+        except ValueError as exc:  # a truncated or undecodable message
+            self.errors.append(f"api {request[0]} v{request[1]}: {exc}")
+            return frame
         return struct.pack(">ii", 4 + len(body), correlation) + body
 
     def _drop(self, link: _Link) -> None:

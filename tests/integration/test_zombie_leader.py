@@ -297,6 +297,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
         f"duplicates, {lost} lost"
     )
     assert not reader.errors, reader.errors
+    assert not proxy.errors, proxy.errors
     assert lost == 0
     for aggregate, arrived in sequences.items():
         firsts = list(dict.fromkeys(arrived))
