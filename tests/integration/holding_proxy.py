@@ -34,12 +34,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cdc_relay.local.lifetime import stat_fields
 
 _CHUNK = 65536
 _LOOPBACK = "127.0.0.1"
+PRODUCE = 0
 METADATA = 3
 FIND_COORDINATOR = 10
 
@@ -228,26 +230,47 @@ def _socket_inodes(pid: int) -> set[int]:
 # -- the proxy ---------------------------------------------------------------------------------
 
 
-class _Link:
-    """One forwarded connection; its client-to-broker direction can be held."""
+@dataclass
+class Held:
+    """What a hold kept, handed on by :meth:`HoldingProxy.release`."""
 
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    bytes: int = 0
+    produce_requests: int = 0
+
+    def __add__(self, other: Held) -> Held:
+        return Held(self.bytes + other.bytes, self.produce_requests + other.produce_requests)
+
+
+class _Link:
+    """One forwarded connection; its client-to-broker direction can be held, at once or from
+    its next Produce request on (armed)."""
+
+    def __init__(
+        self, client: socket.socket, server: socket.socket, on_produce: Callable[[], None]
+    ) -> None:
         self.client = client
         self.server = server
         self.key = (int(client.getpeername()[1]), int(client.getsockname()[1]))
         self.lock = threading.Lock()  # orders forwarding, holding and releasing
+        self.armed = False
         self.held = False
         self.kept: list[bytes] = []  # b"" stands for the end of the client's stream
-        self.kept_bytes = 0
+        self.kept_count = Held()
         self.requests: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
+        self._on_produce = on_produce
 
     def hold(self) -> None:
         with self.lock:
             self.held = True
+            self.armed = False
 
-    def release(self) -> int:
+    def arm(self) -> None:
         with self.lock:
-            kept = self.kept_bytes
+            self.armed = not self.held
+
+    def release(self) -> Held:
+        with self.lock:
+            kept = self.kept_count
             try:
                 for chunk in self.kept:
                     if chunk:
@@ -257,24 +280,30 @@ class _Link:
             except OSError:
                 self.close()
             self.kept.clear()
-            self.kept_bytes = 0
-            self.held = False
+            self.kept_count = Held()
+            self.held = self.armed = False
             return kept
 
     def to_server(self, frame: bytes) -> None:
         """Pass a request on, or keep it while held; ``b""`` is the end of the stream."""
+        api_key = -1
         with self.lock:
             if len(frame) >= 12:
                 api_key, version, correlation = struct.unpack(">hhi", frame[4:12])
                 if api_key in (METADATA, FIND_COORDINATOR):
                     self.requests[correlation] = (api_key, version)
+            triggered = self.armed and api_key == PRODUCE
+            if triggered:
+                self.held, self.armed = True, False
             if self.held:
                 self.kept.append(frame)
-                self.kept_bytes += len(frame)
+                self.kept_count += Held(len(frame), int(api_key == PRODUCE))
             elif frame:
                 self.server.sendall(frame)
             else:
                 self.server.shutdown(socket.SHUT_WR)
+        if triggered:
+            self._on_produce()  # outside this link's lock: it takes the others'
 
     def close(self) -> None:
         for sock in (self.client, self.server):
@@ -291,6 +320,8 @@ class HoldingProxy:
         self._links: set[_Link] = set()
         self._listeners: dict[tuple[str, int], socket.socket] = {}  # by upstream address
         self._held_pid: int | None = None
+        self._armed_pid: int | None = None
+        self.holding = threading.Event()  # set while a hold is in effect
         self._closed = False
         self.errors: list[str] = []  # responses it could not read (passed on unchanged)
         self._bootstrap = [self._route(*_split(a)) for a in bootstrap_servers.split(",")]
@@ -299,23 +330,36 @@ class HoldingProxy:
     def bootstrap_servers(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self._bootstrap)
 
-    def hold(self, pid: int) -> int:
-        """Keep every byte process ``pid`` sends from now on, on the connections it has and the
-        ones it opens until :meth:`release`. Returns how many of its connections are held now."""
+    def hold(self, pid: int, *, from_produce: bool = False) -> int:
+        """Keep every byte process ``pid`` sends, on the connections it has and the ones it
+        opens, until :meth:`release`: from now on, or (``from_produce``) from the moment it
+        sends its next Produce request, that request included — a hold that certainly has
+        records in flight. :attr:`holding` is set when the hold takes effect. Returns how many
+        connections of ``pid`` were found."""
         with self._lock:
-            self._held_pid = pid
+            self.holding.clear()
+            if from_produce:
+                self._armed_pid = pid
+            else:
+                self._held_pid = pid
             links = list(self._links)
         owned = self._owned_by(pid, links)
         for link in owned:
-            link.hold()
+            if from_produce:
+                link.arm()
+            else:
+                link.hold()
+        if not from_produce:
+            self.holding.set()
         return len(owned)
 
-    def release(self) -> int:
-        """Send what was kept, in order, and forward again. Returns the number of bytes kept."""
+    def release(self) -> Held:
+        """Send what was kept, in order, and forward again."""
         with self._lock:
-            self._held_pid = None
+            self._held_pid = self._armed_pid = None
             links = list(self._links)
-        return sum(link.release() for link in links)
+            self.holding.clear()
+        return sum((link.release() for link in links), Held())
 
     def close(self) -> None:
         with self._lock:
@@ -351,6 +395,18 @@ class HoldingProxy:
                 ).start()
             return _LOOPBACK, int(listener.getsockname()[1])
 
+    def _produce_seen(self) -> None:
+        """An armed connection sent a Produce request: hold all of the armed process's."""
+        with self._lock:
+            pid, self._armed_pid = self._armed_pid, None
+            if pid is None:
+                return  # another connection of it was first
+            self._held_pid = pid
+            links = list(self._links)
+        for link in self._owned_by(pid, links):
+            link.hold()
+        self.holding.set()
+
     def _owned_by(self, pid: int, links: list[_Link]) -> list[_Link]:
         inodes = _socket_inodes(pid)
         with self._lock:
@@ -373,16 +429,19 @@ class HoldingProxy:
                 server.settimeout(None)
                 for sock in (client, server):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                link = _Link(client, server)
+                link = _Link(client, server, self._produce_seen)
             except OSError:  # the client is already gone
                 client.close()
                 server.close()
                 continue
             with self._lock:
                 self._links.add(link)
-                held_pid = self._held_pid
+                held_pid, armed_pid = self._held_pid, self._armed_pid
+            # A connection the process opened while held (or armed) is held (or armed) too.
             if held_pid is not None and self._owned_by(held_pid, [link]):
-                link.hold()  # a connection the held process opened while held
+                link.hold()
+            elif armed_pid is not None and self._owned_by(armed_pid, [link]):
+                link.arm()
             threading.Thread(target=self._from_client, args=(link,), daemon=True).start()
             threading.Thread(target=self._from_server, args=(link,), daemon=True).start()
 

@@ -3,15 +3,17 @@
 A leader and a standby relay share a slot (the lease as in test_high_availability.py); writers
 commit ~800 events/s over 14 aggregates. The relays reach the broker only through a
 :class:`~tests.integration.holding_proxy.HoldingProxy` (it rewrites the brokers' advertised
-addresses to its own). A stopped-zombie round: the proxy holds every byte the leader sends for
-0.5 s (its produce requests left the process and are in flight), the leader is stopped (SIGSTOP),
-the standby's lease wait ends and it takes over and publishes, the proxy releases the held bytes
-to the broker, and the old leader is woken (SIGCONT) and must find it lost the lease: confirm
-nothing, stand by. A killed-zombie round is the same with kill -9 instead of SIGSTOP: requests
-of a dead process that arrive late (a network that delivers them after the takeover); a new
-standby replaces it. Between them the leader is killed (kill -9) and the broker is paused
-(SIGSTOP/SIGCONT of the local test broker: an outage with its connections kept — a restart would
-lose all its data, since Tansu keeps it in memory; on an external broker that round is left out).
+addresses to its own). A stopped-zombie round: the proxy holds every byte the leader sends from
+its next Produce request on, for 0.5 s (records left the process and are in flight; held from
+just any moment, a transactional producer is mostly waiting for a commit's answer and has none),
+the leader is stopped (SIGSTOP), the standby's lease wait ends and it takes over and publishes,
+the proxy releases the held bytes to the broker, and the old leader is woken (SIGCONT) and must
+find it lost the lease: confirm nothing, stand by. A killed-zombie round is the same with kill -9
+instead of SIGSTOP: requests of a dead process that arrive late (a network that delivers them
+after the takeover); a new standby replaces it. Between them the leader is killed (kill -9) and
+the broker is paused (SIGSTOP/SIGCONT of the local test broker: an outage with its connections
+kept — a restart would lose all its data, since Tansu keeps it in memory; on an external broker
+that round is left out).
 
 A ``read_committed`` consumer (``assign()``, not a group) counts what arrived against the rows
 written: duplicates by event id, losses, and the order per aggregate. With
@@ -41,7 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cdc_relay.local import LocalBroker
 from tests.conftest import KafkaBroker
-from tests.integration.holding_proxy import HoldingProxy, wait_stopped
+from tests.integration.holding_proxy import Held, HoldingProxy, wait_stopped
 from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
 from tests.integration.test_high_availability import (
     LEASE,
@@ -58,7 +60,7 @@ from tests.integration.test_high_availability import (
 
 pytestmark = pytest.mark.integration
 
-HOLD = 0.5  # seconds the leader's bytes are held before it is stopped or killed
+HOLD = 0.5  # seconds the leader's bytes are held (from a Produce request on) before it stops
 BROKER_PAUSE = 2.0
 ROUNDS = (
     "stopped zombie",
@@ -158,10 +160,11 @@ def _wait_for_log_since(relay: RelayProcess, mark: int, text: str, timeout: floa
 
 @dataclass
 class ZombieRound:
-    held_bytes: int
+    held: Held
     takeover: float
     released_duplicates: int  # arrived after the release, before the old leader woke
     woken_duplicates: int  # arrived after it woke (0 for a killed one)
+    fenced: int  # requests the woken leader logged as refused by the broker, PRODUCER_FENCED
 
 
 def _zombie_round(
@@ -173,13 +176,14 @@ def _zombie_round(
     *,
     killed: bool,
 ) -> ZombieRound:
-    """Hold the leader's bytes, stop it (or kill it), let the standby take over and publish,
-    release the bytes; a stopped leader is woken and must confirm nothing and stand by, a
-    killed one is replaced by a new standby."""
+    """Hold the leader's bytes from its next Produce request on, stop it (or kill it), let the
+    standby take over and publish, release the bytes; a stopped leader is woken and must confirm
+    nothing and stand by, a killed one is replaced by a new standby."""
     database, slot = env["CDC_RELAY_DATABASE_URL"], env["CDC_RELAY_SLOT_NAME"]
     leader = _by_pid(running, _leader_pid(database, slot))
-    held = proxy.hold(leader.pid)
-    assert held > 0, "the proxy found no connection of the leader to hold"
+    found = proxy.hold(leader.pid, from_produce=True)
+    assert found > 0, "the proxy found no connection of the leader"
+    assert proxy.holding.wait(10), "the leader sent no Produce request"
     time.sleep(HOLD)
     if killed:
         leader.kill()
@@ -193,7 +197,7 @@ def _zombie_round(
     assert successor is not leader
     before = reader.duplicates()
     kept = proxy.release()
-    assert kept > 0, "the leader sent nothing while held: no request was in flight"
+    assert kept.produce_requests > 0
     time.sleep(0.5)  # the released requests reach the broker (and the reader) first
     released = reader.duplicates()
     if killed:
@@ -207,7 +211,8 @@ def _zombie_round(
         woken = leader.logs()[mark:]
         assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
     assert _leader_pid(database, slot) == successor.pid
-    return ZombieRound(kept, took, released - before, reader.duplicates() - released)
+    fenced = 0 if killed else leader.logs()[mark:].count("(PRODUCER_FENCED)")
+    return ZombieRound(kept, took, released - before, reader.duplicates() - released, fenced)
 
 
 def _count(reader: CommittedReader, writers: Writers) -> tuple[int, int, dict[str, list[int]]]:
@@ -265,9 +270,11 @@ def test_a_zombie_leader_publishes_nothing_twice(
                     zombie = _zombie_round(proxy, reader, writers, relays, env, killed=killed)
                     zombies.append(zombie)
                     detail = (
-                        f"{zombie.held_bytes} bytes held, takeover {zombie.takeover:.2f}s, "
+                        f"{zombie.held.produce_requests} Produce requests held "
+                        f"({zombie.held.bytes} bytes), takeover {zombie.takeover:.2f}s, "
                         f"duplicates {zombie.released_duplicates} after the release + "
-                        f"{zombie.woken_duplicates} after the wake"
+                        f"{zombie.woken_duplicates} after the wake; {zombie.fenced} refusals "
+                        "logged PRODUCER_FENCED by the woken leader"
                     )
                 elif fault == "kill":
                     leader.kill()
