@@ -1,0 +1,322 @@
+"""A zombie leader, made on purpose: the proof that exactly once holds where at-least-once cannot.
+
+A leader and a standby relay share a slot (the lease as in test_high_availability.py); writers
+commit ~800 events/s over 14 aggregates. The relays reach the broker only through a
+:class:`~tests.integration.holding_proxy.HoldingProxy` (it rewrites the brokers' advertised
+addresses to its own). A stopped-zombie round: the proxy holds every byte the leader sends from
+its next Produce request on, for 0.5 s (records left the process and are in flight; held from
+just any moment, a transactional producer is mostly waiting for a commit's answer and has none),
+the leader is stopped (SIGSTOP), the standby's lease wait ends and it takes over and publishes,
+the proxy releases the held bytes to the broker, and the old leader is woken (SIGCONT) and must
+find it lost the lease: confirm nothing, stand by. A killed-zombie round is the same with kill -9
+instead of SIGSTOP: requests of a dead process that arrive late (a network that delivers them
+after the takeover); a new standby replaces it. Between them the leader is killed (kill -9) and
+the broker is paused (SIGSTOP/SIGCONT of the local test broker: an outage with its connections
+kept — a restart would lose all its data, since Tansu keeps it in memory; on an external broker
+that round is left out).
+
+A ``read_committed`` consumer (``assign()``, not a group) counts what arrived against the rows
+written: duplicates by event id, losses, and the order per aggregate. With
+``CDC_RELAY_EXACTLY_ONCE`` off the released requests and the woken producer's queued records are
+appended next to the successor's copies: the test asserts it sees those duplicates in every zombie
+round (the detector works, and at-least-once is what the setting off promises). With it on, the
+successor's ``init_transactions`` fences the old producer: each event arrives exactly once, in
+commit order per aggregate, nothing lost. On the test broker, which does not hide the records of
+a transaction that a newer producer fenced, that also rests on the successor reading back *after*
+its fence (it finds what the zombie appended before it and does not send it again); on Apache
+Kafka (external mode) the fence aborts those records and the successor sends them once more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from cdc_relay.local import LocalBroker
+from tests.conftest import KafkaBroker
+from tests.integration.holding_proxy import Held, HoldingProxy, wait_stopped
+from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
+from tests.integration.test_high_availability import (
+    LEASE,
+    PARTITIONS,
+    Writers,
+    _by_pid,
+    _env,
+    _leader_pid,
+    _start,
+    _wait_leader,
+    _wait_renewed_and_confirmed,
+    relays,  # noqa: F401 - the fixture
+)
+
+pytestmark = pytest.mark.integration
+
+HOLD = 0.5  # seconds the leader's bytes are held (from a Produce request on) before it stops
+BROKER_PAUSE = 2.0
+ROUNDS = (
+    "stopped zombie",
+    "kill",
+    "killed zombie",
+    "broker pause",
+    "stopped zombie",
+    "killed zombie",
+    "stopped zombie",
+)
+CONFIRMED = "cdc_relay.confirmation: confirmed"
+
+
+class CommittedReader:
+    """Reads the topic with ``isolation.level=read_committed`` from the start while the test
+    runs; keeps each record's event id and payload in the order of its partition, each offset
+    once (a fetch that returns records again after a broker pause is not a duplicate)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.arrivals: list[tuple[float, str, int, bytes]] = []  # (when, id, partition, value)
+        self._offsets: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"zombie-{topic}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 10,
+                "log_level": 3,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.consume(num_messages=1000, timeout=0.02):
+                error = message.error()
+                if error is not None:
+                    self.errors.append(str(error))
+                    continue
+                raw = dict(message.headers() or []).get("id") or b""
+                event_id = raw.decode() if isinstance(raw, bytes) else raw
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None
+                assert offset is not None
+                if (partition, offset) in self._offsets:
+                    continue
+                self._offsets.add((partition, offset))
+                with self._lock:
+                    self.arrivals.append(
+                        (time.monotonic(), event_id, partition, bytes(message.value() or b""))
+                    )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+    def snapshot(self) -> list[tuple[float, str, int, bytes]]:
+        with self._lock:
+            return list(self.arrivals)
+
+    def first_new_event_after(self, fault: float, writers: Writers, timeout: float) -> float:
+        """Seconds from ``fault`` to the arrival of the first event whose transaction began
+        after it (only a relay at work after the fault can have published it)."""
+        deadline = time.monotonic() + timeout
+        index = 0
+        while time.monotonic() < deadline:
+            arrivals = self.snapshot()
+            for at, event_id, _partition, _value in arrivals[index:]:
+                began = writers.began_at(event_id)
+                if began is not None and began > fault:
+                    return at - fault
+            index = len(arrivals)
+            time.sleep(0.01)
+        raise AssertionError(f"no event begun after the fault arrived within {timeout}s")
+
+    def duplicates(self) -> int:
+        counts = Counter(event_id for _at, event_id, _p, _v in self.snapshot())
+        return sum(n - 1 for n in counts.values())
+
+
+@pytest.fixture
+def proxy(broker: KafkaBroker) -> Iterator[HoldingProxy]:
+    with HoldingProxy(broker.bootstrap_servers) as made:
+        yield made
+
+
+def _wait_for_log_since(relay: RelayProcess, mark: int, text: str, timeout: float) -> None:
+    wait_until(lambda: text in relay.logs()[mark:], timeout, f"{text!r} in relay {relay.pid}")
+
+
+@dataclass
+class ZombieRound:
+    held: Held
+    takeover: float
+    released_duplicates: int  # arrived after the release, before the old leader woke
+    woken_duplicates: int  # arrived after it woke (0 for a killed one)
+    fenced: int  # requests the woken leader logged as refused by the broker, PRODUCER_FENCED
+
+
+def _zombie_round(
+    proxy: HoldingProxy,
+    reader: CommittedReader,
+    writers: Writers,
+    running: list[RelayProcess],
+    env: dict[str, str],
+    *,
+    killed: bool,
+) -> ZombieRound:
+    """Hold the leader's bytes from its next Produce request on, stop it (or kill it), let the
+    standby take over and publish, release the bytes; a stopped leader is woken and must confirm
+    nothing and stand by, a killed one is replaced by a new standby."""
+    database, slot = env["CDC_RELAY_DATABASE_URL"], env["CDC_RELAY_SLOT_NAME"]
+    leader = _by_pid(running, _leader_pid(database, slot))
+    found = proxy.hold(leader.pid, from_produce=True)
+    assert found > 0, "the proxy found no connection of the leader"
+    assert proxy.holding.wait(10), "the leader sent no Produce request"
+    time.sleep(HOLD)
+    if killed:
+        leader.kill()
+    else:
+        os.kill(leader.pid, signal.SIGSTOP)
+        wait_stopped(leader.pid)
+    stopped = time.monotonic()
+    mark = len(leader.logs())  # a stopped process writes nothing: all later lines are the woken's
+    took = reader.first_new_event_after(stopped, writers, LEASE + 20)
+    successor = _by_pid(running, _leader_pid(database, slot))
+    assert successor is not leader
+    before = reader.duplicates()
+    kept = proxy.release()
+    assert kept.produce_requests > 0
+    time.sleep(0.5)  # the released requests reach the broker (and the reader) first
+    released = reader.duplicates()
+    if killed:
+        running.remove(leader)
+        leader.close()
+        _start(running, env).wait_for_log("standby: another relay leads")
+    else:
+        os.kill(leader.pid, signal.SIGCONT)
+        _wait_for_log_since(leader, mark, "lost the leadership", 15)
+        _wait_for_log_since(leader, mark, "standby: another relay leads", 15)
+        woken = leader.logs()[mark:]
+        assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
+    assert _leader_pid(database, slot) == successor.pid
+    fenced = 0 if killed else leader.logs()[mark:].count("(PRODUCER_FENCED)")
+    return ZombieRound(kept, took, released - before, reader.duplicates() - released, fenced)
+
+
+def _count(reader: CommittedReader, writers: Writers) -> tuple[int, int, dict[str, list[int]]]:
+    """(duplicates, lost, each aggregate's sequence numbers in the order they arrived)."""
+    expected = {event_id for event_id, _, _ in writers.events}
+    wait_until(
+        lambda: expected <= {a[1] for a in reader.snapshot()}, 60, "every written event to arrive"
+    )
+    arrivals = reader.snapshot()
+    sequences: defaultdict[str, list[int]] = defaultdict(list)
+    for _at, _event_id, _partition, value in arrivals:
+        payload = orjson.loads(value)
+        sequences[payload["agg"]].append(payload["seq"])
+    seen = {a[1] for a in arrivals}
+    return len(arrivals) - len(seen), len(expected - seen), dict(sequences)
+
+
+@pytest.mark.parametrize("exactly_once", ["false", "true"])
+def test_a_zombie_leader_publishes_nothing_twice(
+    database: str,
+    broker: KafkaBroker,
+    proxy: HoldingProxy,
+    unique: str,
+    relays: list[RelayProcess],  # noqa: F811 - the fixture
+    exactly_once: str,
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, PARTITIONS)
+    env = _env(
+        database,
+        broker,
+        unique,
+        exactly_once=exactly_once,
+        kafka_bootstrap_servers=proxy.bootstrap_servers,
+    )
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    reader = CommittedReader(broker.bootstrap_servers, topic)
+    zombies: list[ZombieRound] = []
+    report: list[str] = []
+    try:
+        _start(relays, env)
+        _start(relays, env)
+        _wait_leader(database, env, relays)
+        with Writers(database, threads=2, rate=800) as writers:
+            local = isinstance(broker, LocalBroker)
+            for fault in [f for f in ROUNDS if local or f != "broker pause"]:
+                leader = _wait_leader(database, env, relays)
+                reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
+                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                before = reader.duplicates()
+                at = time.monotonic()
+                if fault.endswith("zombie"):
+                    killed = fault == "killed zombie"
+                    zombie = _zombie_round(proxy, reader, writers, relays, env, killed=killed)
+                    zombies.append(zombie)
+                    detail = (
+                        f"{zombie.held.produce_requests} Produce requests held "
+                        f"({zombie.held.bytes} bytes), takeover {zombie.takeover:.2f}s, "
+                        f"duplicates {zombie.released_duplicates} after the release + "
+                        f"{zombie.woken_duplicates} after the wake"
+                    )
+                    if not killed:
+                        detail += f"; the woken leader logged {zombie.fenced} PRODUCER_FENCED"
+                elif fault == "kill":
+                    leader.kill()
+                    took = reader.first_new_event_after(at, writers, LEASE + 20)
+                    relays.remove(leader)
+                    leader.close()
+                    _start(relays, env).wait_for_log("standby: another relay leads")
+                    detail = f"takeover {took:.2f}s"
+                else:
+                    assert isinstance(broker, LocalBroker)
+                    broker.pause()
+                    time.sleep(BROKER_PAUSE)
+                    broker.resume()
+                    took = reader.first_new_event_after(time.monotonic(), writers, 30)
+                    detail = f"flowing {took:.2f}s after the resume"
+                    assert _leader_pid(database, slot) == leader.pid, "the lease moved"
+                report.append(f"{fault}: {reader.duplicates() - before} duplicates ({detail})")
+                print(f"\n{report[-1]}", end="")
+        duplicates, lost, sequences = _count(reader, writers)
+        written = len(writers.events)
+    finally:
+        reader.close()
+    for relay in relays:
+        assert relay.stop() == 0, relay.logs()
+    print(
+        f"\nCDC_RELAY_EXACTLY_ONCE={exactly_once}: {written} events written, {duplicates} "
+        f"duplicates, {lost} lost"
+    )
+    assert not reader.errors, reader.errors
+    assert not proxy.errors, proxy.errors
+    assert lost == 0
+    for aggregate, arrived in sequences.items():
+        firsts = list(dict.fromkeys(arrived))
+        assert firsts == list(range(len(firsts))), f"order broken for {aggregate}"
+    if exactly_once == "false":
+        # At-least-once: every zombie round appends the old leader's copies, and they are seen.
+        assert all(z.released_duplicates + z.woken_duplicates > 0 for z in zombies), report
+    else:
+        # The successor's fence made the broker refuse both the released requests and what the
+        # woken producer still had queued.
+        assert all(z.released_duplicates == z.woken_duplicates == 0 for z in zombies), report
+        assert duplicates == 0, report
+        for aggregate, arrived in sequences.items():
+            assert arrived == list(range(len(arrived))), f"{aggregate} not exactly once in order"
