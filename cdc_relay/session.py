@@ -86,6 +86,7 @@ from cdc_relay.replication.protocol import (
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
+from cdc_relay.session_stop import StopRule
 from cdc_relay.topics import TopicAdmin, TopicRules
 from cdc_relay.transaction_errors import Outcome, outcome
 from cdc_relay.value_text import MalformedEvent
@@ -224,7 +225,8 @@ class Session:
         self.heartbeat = Heartbeat(heartbeat, settings.heartbeat_interval, now)
         self.retained_wal = RetainedWal(retained_wal, stats)
         self.progress = Progress(start, stats, settings.progress_interval, now)
-        self.stop_deadline: float | None = None  # set when a stop finds a transaction open
+        self.stop = StopRule(owner, settings.shutdown_timeout)  # see cdc_relay.session_stop
+        self.stop_now = self.stop.now
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -518,16 +520,6 @@ class Session:
         for failure in self.tracker.take_failures():
             self.poison.delivery_failed(failure)
 
-    def stop_now(self) -> bool:
-        """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
-        if self.owner.failed:
-            return True
-        now = time.monotonic()
-        if self.stop_deadline is None:
-            self.stop_deadline = now + self.settings.shutdown_timeout
-            log.info("stop requested: reading on to the end of the transaction")
-        return now >= self.stop_deadline
-
     # -- periodic work -----------------------------------------------------------------------
 
     def housekeeping(self, reply: bool = False, between_records: bool = True) -> None:
@@ -553,15 +545,7 @@ class Session:
 
     def drain(self) -> None:
         """Wait (bounded by the shutdown timeout) until the producer has nothing in flight."""
-        deadline = self.stop_deadline or time.monotonic() + self.settings.shutdown_timeout
-        sink = self.sink
-        try:
-            while sink.in_flight() > 0 and time.monotonic() < deadline:
-                sink.poll(0.1)
-                if self.tracker.failures:
-                    self.handle_failures()
-        except (SinkUnavailable, StopSession) as exc:
-            log.error("deliveries failed while draining", extra={"fields": {"error": str(exc)}})
+        self.stop.drain(self.sink, lambda: bool(self.tracker.failures), self.handle_failures)
 
     def shutdown(self) -> None:
         """Stop reading, wait (bounded) for in-flight deliveries, confirm what is acknowledged."""
