@@ -12,8 +12,8 @@ extension built wherever a compiler exists, editable installs included (``option
 compiler the build goes on without it): ``cdc_relay/decode/_tuple_reader.c``, the decoder's tuple
 reader, whose reference and fallback is the pure one in ``pgoutput.py``. An editable
 install is never compiled: its extension modules would sit beside the sources. (A build in
-place, ``python setup.py build_ext --inplace``, is for CI; ``cdc_relay/_hot_path.py`` makes an
-edited source win over an older extension module.)
+place, ``python setup.py build_ext --inplace``, runs a checkout's tests on the compiled build;
+``cdc_relay/_hot_path.py`` makes an edited source win over an older extension module.)
 """
 
 from __future__ import annotations

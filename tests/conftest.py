@@ -34,6 +34,12 @@ BOOTSTRAP_SERVERS_ENV = "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS"
 PostgresServer = LocalPostgres | ExternalPostgres
 KafkaBroker = LocalBroker | ExternalBroker
 
+# Commits are asynchronous on the throw-away cluster (LocalPostgres: synchronous_commit=off), and
+# a logical walsender sends only flushed WAL: each committed row would wait for the WAL writer's
+# next round (every 200 ms by default) before the relay could see it. 10 ms keeps that wait out
+# of every write-then-read-back step of the tests; the relay reads the same WAL.
+LOCAL_POSTGRES_SETTINGS = {"wal_writer_delay": "10ms"}
+
 
 def _short_id() -> str:
     return uuid.uuid4().hex[:10]
@@ -54,7 +60,7 @@ def postgres() -> Iterator[PostgresServer]:
     if external:
         yield ExternalPostgres(external)
         return
-    server = LocalPostgres()
+    server = LocalPostgres(settings=LOCAL_POSTGRES_SETTINGS)
     started = time.monotonic()
     server.start()
     print(f"\nLocalPostgres on port {server.port} ready in {time.monotonic() - started:.2f}s")

@@ -99,7 +99,9 @@ def test_a_login_only_role_cannot_get_a_message_published(
         _forge(attacker)
         real = new_event("order", "acct-1", "created", {"n": 1})
         write_transactions(database, [[real]])
-        records = consume_all(broker.bootstrap_servers, [topic], 2, 10, grace=1.0)
+        # The forged message commits first: published, it would come before the row in the one
+        # partition, so it is read by the time the row is; the grace shows any later record.
+        records = consume_all(broker.bootstrap_servers, [topic], 1, 10, grace=1.0)
         assert relay.stop() == 0, relay.logs()
     finally:
         relay.close()
