@@ -9,6 +9,8 @@ session honest:
   so that keepalives move the slot on databases whose other writes it never sees;
 - :class:`RetainedWal`: how much WAL the slot holds on the server, sampled;
 - :class:`Progress`: ``catching up`` lines while a backlog is read.
+
+:class:`Monitors` holds one of each and ticks them together.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from cdc_relay.config import Settings
 from cdc_relay.errors import SinkUnavailable
 from cdc_relay.observability.stats import RelayStats
 
@@ -122,3 +125,28 @@ class Progress:
                 },
             )
         self._at, self._received, self._published = now, received, published
+
+
+class Monitors:
+    """One session's watchers, ticked together on its housekeeping."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        stats: RelayStats,
+        *,
+        start: int,
+        heartbeat: Callable[[], None],
+        retained_wal: Callable[[], int | None],
+        now: float,
+    ) -> None:
+        self.stall = DeliveryStall(settings.delivery_stall_timeout, stats, now)
+        self.heartbeat = Heartbeat(heartbeat, settings.heartbeat_interval, now)
+        self.retained_wal = RetainedWal(retained_wal, stats)
+        self.progress = Progress(start, stats, settings.progress_interval, now)
+
+    def tick(self, now: float, in_flight: int, acked: int, received: int) -> None:
+        self.stall.check(now, in_flight, acked)
+        self.progress.tick(now, received)
+        self.heartbeat.tick(now)
+        self.retained_wal.tick(now)

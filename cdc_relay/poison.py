@@ -88,6 +88,34 @@ class RefusedRecord:
         )
 
     @classmethod
+    def malformed(
+        cls,
+        txn: PendingTransaction,
+        mapping: DescribedMapping,
+        data: Any,
+        reason: str,
+        *,
+        event_id: str | None,
+        position: bytes,
+    ) -> RefusedRecord:
+        """A row (or message) that breaks the outbox contract: its dead-letter value is the row
+        itself, as far as it can be described."""
+        try:
+            row: bytes | None = mapping.describe_row(data)
+        except Exception as exc:  # the row is hostile to describing too: say so instead
+            row = None
+            reason = f"{reason} (the row cannot be described: {type(exc).__name__})"
+        return cls(
+            txn=txn,
+            table=mapping.table,
+            reason=reason,
+            code=MALFORMED,
+            event_id=event_id,
+            value=row,
+            headers=[(POSITION_HEADER, position)],
+        )
+
+    @classmethod
     def of_record(
         cls, txn: PendingTransaction, table: str, record: RecordFields, refused: ProduceRefused
     ) -> RefusedRecord:
@@ -105,6 +133,15 @@ class RefusedRecord:
             headers=headers,
             too_large=refused.too_large,
         )
+
+
+class DescribedMapping(Protocol):
+    """What a malformed row's dead letter needs of its mapping."""
+
+    @property
+    def table(self) -> str: ...
+
+    def describe_row(self, data: Any) -> bytes: ...
 
 
 # Publisher.produce's signature again, deliberately: the policy depends on this, not on the adapter.

@@ -55,7 +55,7 @@ from cdc_relay.errors import (
 from cdc_relay.kafka_transaction import Resend, TransactionalSink, transactional
 from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
-from cdc_relay.monitors import DeliveryStall, Heartbeat, Progress, RetainedWal
+from cdc_relay.monitors import Monitors
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.outbox import (
@@ -65,7 +65,7 @@ from cdc_relay.outbox import (
     RecordFields,
 )
 from cdc_relay.partition_notes import PartitionNotes
-from cdc_relay.poison import MALFORMED, DeadLetterSink, PoisonPolicyHandler, RefusedRecord
+from cdc_relay.poison import DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
@@ -195,8 +195,7 @@ class Session:
         self.in_kafka: Reconciliation | Resend | None = (
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
-        # Publishing exactly once: the open Kafka transaction, and what a re-send must know.
-        self.resend = (resend or Resend()).from_position(start)
+        self.resend = (resend or Resend()).from_position(start)  # exactly once: see .window
         serve = partial(self.housekeeping, between_records=False)  # while a commit waits
         self.window = transactional(settings, sink, self.resend, serve, self.tracker)
         if self.window is not None and self.in_kafka is None and self.resend.found:
@@ -221,12 +220,10 @@ class Session:
         self.filtered_callback: tuple[PendingTransaction, str, TransactionCallback] | None = None
         now = time.monotonic()
         self.last_housekeeping = now
-        self.stall = DeliveryStall(settings.delivery_stall_timeout, stats, now)
-        self.heartbeat = Heartbeat(heartbeat, settings.heartbeat_interval, now)
-        self.retained_wal = RetainedWal(retained_wal, stats)
-        self.progress = Progress(start, stats, settings.progress_interval, now)
+        self.monitors = Monitors(
+            settings, stats, start=start, heartbeat=heartbeat, retained_wal=retained_wal, now=now
+        )
         self.stop = StopRule(owner, settings.shutdown_timeout)  # see cdc_relay.session_stop
-        self.stop_now = self.stop.now
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -247,7 +244,7 @@ class Session:
         callback_table = ""
         counter = 0
         while True:
-            if owner.stopping and (txn is None or self.stop_now()):
+            if owner.stopping and (txn is None or self.stop.now()):
                 raise StopSession
             data = read()
             if data is None:
@@ -445,25 +442,13 @@ class Session:
         *,
         position: bytes,
     ) -> None:
-        """A row (or message) that breaks the contract: its dead-letter value is the row itself."""
+        """A row (or message) that breaks the contract: dead-lettered as it is."""
         if self.in_kafka is not None and self.already_in_kafka(txn, position, event_id):
             return
-        try:
-            row: bytes | None = mapping.describe_row(data)
-        except Exception as exc:  # the row is hostile to describing too: say so instead
-            row = None
-            reason = f"{reason} (the row cannot be described: {type(exc).__name__})"
-        self.poison.refuse(
-            RefusedRecord(
-                txn=txn,
-                table=mapping.table,
-                reason=reason,
-                code=MALFORMED,
-                event_id=event_id,
-                value=row,
-                headers=[(POSITION_HEADER, position)],
-            )
+        malformed = RefusedRecord.malformed(
+            txn, mapping, data, reason, event_id=event_id, position=position
         )
+        self.poison.refuse(malformed)
 
     def already_in_kafka(
         self,
@@ -473,10 +458,8 @@ class Session:
         table: str = "",
         record: RecordFields | None = None,
     ) -> bool:
-        """During the replayed window: was this event read back from Kafka at the start (or, in
-        a re-send, committed by a split)? Then it counts as delivered (its transaction waits for
-        nothing) and is not produced again. A re-sent ``record`` the broker refused for good
-        goes to the poison policy at once."""
+        """In the replayed window: is the event in Kafka (read back, or a split's committed
+        part)? Then it is not produced again. A re-sent ``record`` refused for good: poison."""
         found = self.in_kafka
         assert found is not None
         if txn.commit_lsn > found.highest_lsn:
@@ -490,7 +473,7 @@ class Session:
             self.stats.skipped_in_kafka += 1
             return True
         refused = found.refused(position) if record is not None else None
-        if refused is None or record is None:
+        if refused is None or record is None:  # (record is None: a malformed row's dead letter)
             return False
         self.poison.refuse(RefusedRecord.of_record(txn, table, record, ProduceRefused(*refused)))
         return True
@@ -505,7 +488,7 @@ class Session:
     def serve_while_waiting(self) -> None:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""
         self.housekeeping(between_records=False)  # a record is half-way: no split now
-        if self.owner.stopping and self.stop_now():
+        if self.owner.stopping and self.stop.now():
             raise StopSession
 
     def wait_for_room(self) -> None:
@@ -535,10 +518,7 @@ class Session:
         self.last_housekeeping = now
         self.stats.last_loop = now
         acked = self.tracker.acked
-        self.stall.check(now, sink.in_flight(), acked)
-        self.progress.tick(now, self.confirmer.received)
-        self.heartbeat.tick(now)
-        self.retained_wal.tick(now)
+        self.monitors.tick(now, sink.in_flight(), acked, self.confirmer.received)
         if self.window is not None and between_records:
             self.window.tick()
         self.confirmer.tick(now, acked, reply)
