@@ -191,8 +191,14 @@ class KafkaTransaction:
             self.begun = False
             self.commits += 1
         # else: nothing was produced in it; the (local) transaction stays begun for the next
+        observe = self._tracker.stats.latency.observe if self._tracker is not None else None
+        now = time.time()
         for txn in self.held:
             txn.committed()
+            if txn.unobserved and observe is not None:
+                # Its events became visible to read_committed consumers now: commit -> commit.
+                observe(now - txn.commit_time, txn.unobserved)
+                txn.unobserved = 0
         self.held.clear()
         self.events = 0
 

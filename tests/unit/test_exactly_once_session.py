@@ -38,6 +38,17 @@ def test_records_go_out_in_one_kafka_transaction_confirmed_once_it_committed() -
     assert harness.journal.index(records[-1]) < len(harness.journal) - 1
 
 
+def test_the_latency_of_an_event_is_observed_when_its_kafka_transaction_commits() -> None:
+    harness = Harness(FRAMES, exactly_once=True, transaction_interval=LONG)
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    harness.session.housekeeping()
+    assert len(harness.sink.delivered) == 2
+    assert harness.stats.latency.count == 0  # acknowledged, not yet visible to read_committed
+    harness.session.shutdown()
+    assert harness.stats.latency.count == 2
+
+
 def test_with_the_setting_off_no_transaction_is_begun() -> None:
     harness = Harness(FRAMES)
     harness.run()
