@@ -746,7 +746,7 @@ class Settings(BaseSettings):
         ),
     )
     transaction_interval: float = Field(
-        0.1,
+        0.05,
         description=(
             "With CDC_RELAY_EXACTLY_ONCE: seconds a Kafka transaction stays open at most; it "
             "commits at the first PostgreSQL transaction boundary after that."
