@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from functools import partial
 
 import pytest
 from confluent_kafka import Producer
@@ -35,7 +34,7 @@ from tests.integration.relay_support import (
     wait_until,
     write_transactions,
 )
-from tests.integration.test_relay_faults import _BackgroundWriter
+from tests.integration.test_relay_faults import _BackgroundWriter, kill_while_writing
 from tests.kafka_helpers import Record, consume_all
 
 pytestmark = pytest.mark.integration
@@ -146,10 +145,6 @@ def test_a_read_committed_consumer_sees_each_event_once_in_commit_order(
     assert _transaction_markers(records) > 0, "published inside Kafka transactions"
 
 
-def _beyond(writer: _BackgroundWriter, count: int) -> bool:
-    return len(writer.committed) > count
-
-
 def test_kill_9_mid_stream_then_a_restart_sends_each_event_once(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
@@ -160,17 +155,7 @@ def test_kill_9_mid_stream_then_a_restart_sends_each_event_once(
     relay = RelayProcess(env).start()
     relay.wait_streaming()
     with _BackgroundWriter(database) as writer:
-        for kill in range(2):
-            try:
-                if kill:
-                    relay = RelayProcess(env).start()
-                    relay.wait_streaming()
-                target = len(writer.committed) + 600
-                wait_until(partial(_beyond, writer, target), 60, "the writer to write on")
-                relay.kill()
-            finally:
-                relay.close()
-            time.sleep(0.3)  # the writer goes on while the relay is dead
+        kill_while_writing(relay, env, writer, 2, 600)
     committed = [event_id for event_id, _ in writer.committed]
     relay = RelayProcess(env).start()
     try:

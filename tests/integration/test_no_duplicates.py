@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from functools import partial
 
 import psycopg
 import pytest
@@ -31,7 +30,7 @@ from tests.integration.relay_support import (
     wait_until,
     write_transactions,
 )
-from tests.integration.test_relay_faults import _BackgroundWriter
+from tests.integration.test_relay_faults import _BackgroundWriter, kill_while_writing
 from tests.kafka_helpers import Record, consume_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
@@ -44,10 +43,6 @@ def _ids(records: list[Record]) -> list[str]:
 def _duplicates(values: list[bytes | str | None]) -> int:
     present = [v for v in values if v]
     return len(present) - len(set(present))
-
-
-def _beyond(writer: _BackgroundWriter, count: int) -> bool:
-    return len(writer.committed) > count
 
 
 def _consume_covering(bootstrap: str, topic: str, ids: set[str], timeout: float) -> list[Record]:
@@ -73,17 +68,7 @@ def test_kill_9_repeatedly_with_writers_running(
     relay = RelayProcess(env).start()
     relay.wait_streaming()  # the slot exists before the first event is written
     with _BackgroundWriter(database) as writer:
-        for kill in range(kills):
-            try:
-                if kill:
-                    relay = RelayProcess(env).start()
-                    relay.wait_streaming()
-                target = len(writer.committed) + 800
-                wait_until(partial(_beyond, writer, target), 60, "the writer to write on")
-                relay.kill()
-            finally:
-                relay.close()
-            time.sleep(0.3)  # the writer goes on while the relay is dead
+        kill_while_writing(relay, env, writer, kills, 800)
     committed = [event_id for event_id, _ in writer.committed]
 
     relay = RelayProcess(env).start()

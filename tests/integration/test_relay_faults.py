@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from functools import partial
 
 import orjson
 import psycopg
@@ -83,6 +84,28 @@ class _BackgroundWriter:
         self._stop.set()
         self._thread.join()
         assert self.error is None, self.error
+
+
+def _wrote(writer: _BackgroundWriter, count: int) -> bool:
+    return len(writer.committed) > count
+
+
+def kill_while_writing(
+    relay: RelayProcess, env: dict[str, str], writer: _BackgroundWriter, kills: int, between: int
+) -> None:
+    """``kills`` times: let ``writer`` commit ``between`` more events, kill -9 the relay (the one
+    given, streaming before the writer began, then a new one each round), and leave it dead
+    0.3 s while the writer goes on."""
+    for kill in range(kills):
+        try:
+            if kill:
+                relay = RelayProcess(env).start()
+                relay.wait_streaming()
+            wait_until(partial(_wrote, writer, len(writer.committed) + between), 60, "the writer")
+            relay.kill()
+        finally:
+            relay.close()
+        time.sleep(0.3)
 
 
 def test_kill_9_mid_stream_loses_nothing(database: str, broker: KafkaBroker, unique: str) -> None:
