@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_relay.local.lifetime import ThrowAway, Watchdog, stat_fields
+from cdc_relay.local.lifetime import ThrowAway, Watchdog, wait_stopped
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -251,7 +251,7 @@ class LocalBroker(ThrowAway, _Topics):
             raise RuntimeError("broker is not running")
         self._process.send_signal(signal.SIGSTOP)
         self._paused = True
-        _wait_stopped(self._process.pid)
+        wait_stopped(self._process.pid)
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
@@ -350,18 +350,3 @@ class ExternalBroker(_Topics):
 
     def __repr__(self) -> str:
         return f"ExternalBroker(bootstrap_servers={self.bootstrap_servers!r})"
-
-
-def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
-    """Return once every thread of ``pid`` is stopped: SIGSTOP takes effect asynchronously, and
-    a broker thread that was running when it was sent could still answer one more request."""
-    tasks = Path(f"/proc/{pid}/task")
-    if not tasks.is_dir():
-        return  # no procfs: trust the signal
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = [fields[0] for task in tasks.iterdir() if (fields := stat_fields(task / "stat"))]
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.005)
-    raise RuntimeError(f"broker (pid {pid}) did not stop within {timeout}s of SIGSTOP")

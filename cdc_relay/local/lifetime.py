@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -81,6 +82,21 @@ def stat_fields(stat: Path) -> list[str] | None:
         return stat.read_text().rpartition(")")[2].split()
     except OSError:
         return None
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Return once every thread of ``pid`` is stopped: SIGSTOP takes effect asynchronously, and
+    a thread that was running when it was sent could still answer one more request."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return  # no procfs: trust the signal
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [fields[0] for task in tasks.iterdir() if (fields := stat_fields(task / "stat"))]
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.005)
+    raise RuntimeError(f"pid {pid} did not stop within {timeout}s of SIGSTOP")
 
 
 def free_port() -> int:

@@ -32,12 +32,9 @@ import os
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from cdc_relay.local.lifetime import stat_fields
 
 _CHUNK = 65536
 _LOOPBACK = "127.0.0.1"
@@ -496,15 +493,3 @@ class HoldingProxy:
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.strip().rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def wait_stopped(pid: int, timeout: float = 5.0) -> None:
-    """Return once every thread of ``pid`` is stopped (SIGSTOP takes effect asynchronously)."""
-    tasks = Path(f"/proc/{pid}/task")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = [fields[0] for task in tasks.iterdir() if (fields := stat_fields(task / "stat"))]
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.005)
-    raise RuntimeError(f"pid {pid} did not stop within {timeout}s of SIGSTOP")

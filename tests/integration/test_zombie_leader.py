@@ -42,8 +42,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from cdc_relay.local import LocalBroker
+from cdc_relay.local.lifetime import wait_stopped
 from tests.conftest import KafkaBroker
-from tests.integration.holding_proxy import Held, HoldingProxy, wait_stopped
+from tests.integration.holding_proxy import Held, HoldingProxy
 from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
 from tests.integration.test_high_availability import (
     LEASE,
