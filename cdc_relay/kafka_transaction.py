@@ -190,6 +190,8 @@ class KafkaTransaction:
                 raise
             self.begun = False
             self.commits += 1
+            if self._tracker is not None:
+                self._tracker.stats.kafka_transactions_committed += 1
         # else: nothing was produced in it; the (local) transaction stays begun for the next
         observe = self._tracker.stats.latency.observe if self._tracker is not None else None
         now = time.time()
@@ -244,6 +246,8 @@ class KafkaTransaction:
         aborts it anyway). What it held stays held: nothing of it is confirmed."""
         if self.begun and self.held:
             self._sink.abort_transaction()
+            if self._tracker is not None:
+                self._tracker.stats.kafka_transactions_aborted += 1
         self.begun = False
 
 

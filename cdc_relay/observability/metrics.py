@@ -188,6 +188,18 @@ class RelayMetrics:
             "{transaction}",
         )
         counter(
+            "cdc_relay.kafka_transactions.committed",
+            "Kafka transactions committed (CDC_RELAY_EXACTLY_ONCE)",
+            lambda: stats.kafka_transactions_committed,
+            "{transaction}",
+        )
+        counter(
+            "cdc_relay.kafka_transactions.aborted",
+            "Kafka transactions aborted, their events sent again (CDC_RELAY_EXACTLY_ONCE)",
+            lambda: stats.kafka_transactions_aborted,
+            "{transaction}",
+        )
+        counter(
             "cdc_relay.reconnects",
             "Replication sessions restarted after a failure",
             lambda: stats.reconnects,

@@ -64,6 +64,9 @@ class RelayStats:
     dead_lettered: int = 0
     skipped_in_kafka: int = 0  # replayed events not re-sent: read back from Kafka at the start
     transactions: int = 0
+    # Publishing exactly once: Kafka transactions committed, and aborted (sent again).
+    kafka_transactions_committed: int = 0
+    kafka_transactions_aborted: int = 0
     reconnects: int = 0
     producer_errors: int = 0
     sessions: int = 0
@@ -124,6 +127,8 @@ class RelayStats:
             "published_by_topic": dict(self.published_by_topic),
             "dead_lettered": self.dead_lettered,
             "transactions": self.transactions,
+            "kafka_transactions_committed": self.kafka_transactions_committed,
+            "kafka_transactions_aborted": self.kafka_transactions_aborted,
             "reconnects": self.reconnects,
             "producer_errors": self.producer_errors,
             "in_flight": self.in_flight,

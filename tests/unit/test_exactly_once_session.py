@@ -47,6 +47,8 @@ def test_the_latency_of_an_event_is_observed_when_its_kafka_transaction_commits(
     assert harness.stats.latency.count == 0  # acknowledged, not yet visible to read_committed
     harness.session.shutdown()
     assert harness.stats.latency.count == 2
+    assert harness.stats.kafka_transactions_committed == 1
+    assert harness.stats.snapshot()["kafka_transactions_aborted"] == 0
 
 
 def test_with_the_setting_off_no_transaction_is_begun() -> None:
@@ -76,6 +78,10 @@ def test_a_failed_commit_confirms_nothing_of_it_and_ends_the_session() -> None:
     assert harness.sink.committed == []
     assert harness.store.saved == []
     assert harness.session.confirmer.acknowledged() == 0  # what the next session resumes at
+    assert (
+        harness.stats.kafka_transactions_committed,
+        harness.stats.kafka_transactions_aborted,
+    ) == (0, 1)
 
 
 def test_a_fenced_commit_is_a_lost_leadership_that_confirms_nothing() -> None:
