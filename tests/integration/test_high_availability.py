@@ -400,7 +400,7 @@ def test_three_relays_survive_kills_and_hangs(
                     took = consumer.first_new_event_after(at, writers, 20)
                     relays.remove(leader)
                     leader.close()
-                    _start(relays, env)  # three relays again
+                    _start(relays, env).wait_for_log("standby: another relay leads")  # three again
                 else:
                     os.kill(leader.pid, signal.SIGSTOP)
                     took = consumer.first_new_event_after(at, writers, LEASE + 20)
