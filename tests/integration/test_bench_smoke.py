@@ -115,6 +115,39 @@ def _assert_floor(result: dict[str, Any], stdout: str) -> None:
     assert f"{bare['rows_per_s']:,}" in bare_row.split()
     floor_row = next(line for line in lines if line.startswith("floor: pg_recvlogical + bare"))
     assert f"{floor['import_floor_s']:.3f}" in floor_row
+    _assert_cpu_during_runs(scenario, stdout)
+
+
+def _assert_cpu_during_runs(scenario: dict[str, Any], stdout: str) -> None:
+    """Where the machine's CPU went during each program's run, the relay's main thread, and
+    issue 25 item 2's budget from them, in the JSON and printed."""
+    runs = {
+        "pg_recvlogical": scenario["pg_recvlogical"],
+        "bare producer (bench.floor)": scenario["floor"]["bare_producer"],
+        "cdc-relay": scenario["relay"],
+        **scenario["variants"],
+    }
+    for name, run in runs.items():
+        during = run["cpu_during_run"]
+        percent = during["percent_of_a_core"]
+        assert 0 < during["window_s"] <= run["seconds"] + 1, name
+        # 10 ms ticks: pg_recvlogical's tiny run may take none, the others' start-up some
+        assert percent["program"] >= (0 if name == "pg_recvlogical" else 0.1), name
+        assert percent["machine"] > 0, name
+        assert percent["walsender"] <= percent["server"], name
+        assert ("broker" in percent) == (name != "pg_recvlogical"), name
+    for name in ("cdc-relay", *scenario["variants"]):
+        relay = runs[name]
+        assert 0 < relay["main_thread_cpu_us_per_event"] <= relay["cpu_us_per_event"], name
+        alone = relay["main_thread_rows_per_s_alone"]  # None: no 10 ms tick after start-up
+        assert alone is None or alone > 0, name
+    budget = scenario["floor"]["budget"]
+    assert budget["target_rows_per_s"] == round(0.95 * scenario["pg_recvlogical"]["rows_per_s"])
+    assert budget["floor_us_per_row_sum"] == pytest.approx(
+        sum(budget["floor_us_per_row"].values()), abs=0.02
+    )
+    assert "CPU during each program's run, % of one core" in stdout
+    assert "Budget for ≥ 0.95x pg_recvlogical after start-up" in stdout
 
 
 def test_bench_smoke(tmp_path: Path) -> None:
