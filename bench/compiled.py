@@ -7,8 +7,9 @@ same wheel the same way from a copy of the files the image's build stage copies,
 (``pip install --target``) into a throw-away directory under ``bench/.compiled/``, and checks that
 every hot-path module imports compiled from there, outside any checkout. The catch-up runs it like
 a ``--baseline`` checkout (the directory on ``PYTHONPATH``, the bench's interpreter and packages
-for the dependencies). The build is kept, keyed by the commit and, when the build's inputs differ
-from it, a hash of the difference, so a rerun of the same tree does not rebuild (~1.5 min of CPU).
+for the dependencies). The build is kept, keyed by the last commit that changed the build's inputs
+and, when the tree's inputs differ from it, a hash of the difference, so a rerun of the same tree
+does not rebuild (~1.5 min of CPU).
 
     python -m bench.compiled          # build it now (the bench does it too); prints its directory
 """
@@ -65,9 +66,11 @@ def _git(*args: str) -> bytes:
 
 
 def tree_key() -> str:
-    """:func:`cache_key` of this checkout: its commit, its changes to the inputs (tracked and
+    """:func:`cache_key` of this checkout: the last commit that changed the build's inputs (a
+    commit to ``bench/`` alone builds nothing new), and the tree's changes to them (tracked and
     untracked, by content)."""
-    commit = _git("rev-parse", "--short=12", "HEAD").decode().strip()
+    last = _git("rev-list", "-1", "HEAD", "--", *INPUTS).decode().strip()
+    commit = last[:12] or _git("rev-parse", "--short=12", "HEAD").decode().strip()
     difference = _git("diff", "HEAD", "--binary", "--", *INPUTS)
     untracked = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *INPUTS)
     for name in sorted(filter(None, untracked.split(b"\0"))):
