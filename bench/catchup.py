@@ -743,8 +743,15 @@ def item2_budget(
     floor_us = max(sum(per_row.values()), 0.01)  # 10 ms ticks: a tiny run may count none
     target = ratio * recvlogical["rows_per_s"]
     available = max(cores - other_percent / 100, 0.0)
+    # The relay's own run the same way: its process after its start-up, the rest over the run.
     relay_run = relay["cpu_during_run"]["us_per_row"]
-    relay_sum = sum(relay_run[label] for label in ("server", "broker", "program", "bench"))
+    relay_parts = {
+        "server": relay_run["server"],
+        "broker": relay_run["broker"],
+        "relay": relay["cpu_us_per_event_after_startup"],
+        "bench": relay_run["bench"],
+    }
+    relay_sum = sum(relay_parts.values())
     return {
         "ratio": ratio,
         "target_rows_per_s": round(target),
@@ -765,7 +772,9 @@ def item2_budget(
         "floor_max_ratio_on_what_others_left": round(
             available * 1e6 / floor_us / recvlogical["rows_per_s"], 3
         ),
-        "relay_run_us_per_row": round(relay_sum, 2),
+        "relay_run_us_per_row": {key: round(value, 2) for key, value in relay_parts.items()},
+        "relay_run_us_per_row_sum": round(relay_sum, 2),
+        "relay_run_cores_needed": round(target * relay_sum / 1e6, 2),
         "relay_over_bare_producer_us_per_row": round(
             relay["cpu_us_per_event_after_startup"] - bare["cpu_us_per_event_after_startup"], 2
         ),

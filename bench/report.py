@@ -398,6 +398,8 @@ def budget_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
         base = result["pg_recvlogical"]["rows_per_s"]
         floor = budget["floor_us_per_row"]
         parts = " + ".join(f"{name} {value:.2f}" for name, value in floor.items())
+        relay = budget["relay_run_us_per_row"]
+        relay_parts = " + ".join(f"{name} {value:.2f}" for name, value in relay.items())
         verdict = (
             "reachable by the floor" if budget["reachable"] else "NOT reachable, even by the floor"
         )
@@ -414,9 +416,11 @@ def budget_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
             f"({budget['floor_max_ratio']:.2f}x) with every core its own; the relay may spend "
             f"{budget['left_for_the_relay_us_per_row']:.2f} µs/row beyond the bare producer, it "
             f"spends {budget['relay_over_bare_producer_us_per_row']:.2f} more (after start-up)",
+            f"  → the relay's own run per row, µs: {relay_parts} = "
+            f"{budget['relay_run_us_per_row_sum']:.2f} (relay after its start-up): "
+            f"{budget['relay_run_cores_needed']:.2f} cores at the target",
             f"  → other processes used {budget['other_processes_cores']:.2f} cores during the "
             f"runs (median): on what they left, {others} (the floor at most "
-            f"{budget['floor_max_ratio_on_what_others_left']:.2f}x); the relay's own run: server "
-            f"+ broker + relay + bench = {budget['relay_run_us_per_row']:.2f} µs/row",
+            f"{budget['floor_max_ratio_on_what_others_left']:.2f}x)",
         ]
     return lines

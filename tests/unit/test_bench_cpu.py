@@ -166,7 +166,15 @@ def test_the_budget_says_when_even_the_floor_needs_more_cores_than_the_machine_h
     assert budget["reachable_on_what_others_left"] is False
     assert budget["floor_max_ratio_on_what_others_left"] == round(1.9e6 / 16.0 / 150_000, 3)
     assert budget["relay_over_bare_producer_us_per_row"] == 4.0
-    assert budget["relay_run_us_per_row"] == 6.0 + 4.0 + 10.5 + 1.0
+    # the relay's own run: its process after start-up (10), the rest over the run
+    assert budget["relay_run_us_per_row"] == {
+        "server": 6.0,
+        "broker": 4.0,
+        "relay": 10.0,
+        "bench": 1.0,
+    }
+    assert budget["relay_run_us_per_row_sum"] == 21.0
+    assert budget["relay_run_cores_needed"] == round(142_500 * 21.0 / 1e6, 2)
     scenario = {
         "kind": "catchup",
         "rows": 200_000,
@@ -175,10 +183,12 @@ def test_the_budget_says_when_even_the_floor_needs_more_cores_than_the_machine_h
         "pg_recvlogical": {"rows_per_s": 150_000},
         "floor": {"budget": budget},
     }
-    (*_, reach, others) = budget_lines({"catchup_10_per_txn": scenario})
+    (*_, reach, relay, others) = budget_lines({"catchup_10_per_txn": scenario})
     assert "2.28 cores needed of this machine's 2: NOT reachable, even by the floor" in reach
     assert "125,000 rows/s (0.83x) with every core its own" in reach
     assert "may spend -1.96 µs/row beyond the bare producer, it spends 4.00 more" in reach
+    assert "server 6.00 + broker 4.00 + relay 10.00 + bench 1.00 = 21.00" in relay
+    assert "2.99 cores at the target" in relay
     assert "other processes used 0.10 cores" in others
     assert "not reachable (the floor at most 0.79x)" in others
 
