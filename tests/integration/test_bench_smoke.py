@@ -17,9 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from bench import peer
+from bench.catchup import copy_slot, time_recvlogical, write_backlog
+from bench.harness import create_outbox, current_lsn, postmaster_pid
+from cdc_relay.local import LocalPostgres
 from tests.conftest import external_services
 
 REPO = Path(__file__).resolve().parents[2]
@@ -307,3 +311,27 @@ def test_floor_smoke() -> None:
     for part in ("main", "process"):
         bare = result[f"{part}_us_per_event_bare_producer"]
         assert 0 < bare < result[f"{part}_us_per_event_relay"]
+
+
+def test_pg_recvlogicals_walsender_is_counted_though_it_exits_with_its_client() -> None:
+    """The server's CPU during pg_recvlogical's run holds its walsender's decoding, read while it
+    lived and, once it exited, through the postmaster's reaped children: never lost between the
+    walsender's own /proc entry (gone) and the postmaster's (read before it reaped it)."""
+    rows = 50_000
+    with LocalPostgres() as server:
+        url = server.create_database("bench_walsender")
+        create_outbox(url, "pgoutput")
+        write_backlog(url, rows, 10)
+        with psycopg.connect(url, autocommit=True) as conn:
+            end = current_lsn(conn)
+        postmaster = postmaster_pid(server)
+        for number in range(5):  # the race it guards against hit 1 window in 6
+            slot = copy_slot(url, f"copy_{number}")
+            measured = time_recvlogical(url, slot, end, "pgoutput", postmaster=postmaster)
+            cpu = measured["cpu_during_run"]["cpu_s"]
+            print(cpu)
+            # The walsender decodes every row: ~1-5 µs each, 10 ms ticks.
+            assert cpu["walsender"] >= 0.02, cpu
+            assert cpu["server"] >= cpu["walsender"], cpu
+            assert cpu["program"] > 0 or measured["cpu_seconds"] < 0.02, (cpu, measured)
+            assert cpu["machine"] >= cpu["server"] * 0.5, cpu
