@@ -29,10 +29,12 @@ in a rotated order, and the medians are reported; ratios are taken within a roun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,7 @@ from typing import Any
 
 import psycopg
 
+from bench import compiled
 from bench import peer as peer_module
 from bench.floor_programs import import_floor_seconds, time_bare_producer
 from bench.harness import (
@@ -51,13 +54,18 @@ from bench.harness import (
     TOPIC_PARTITIONS,
     BrokerCounter,
     RelayChild,
+    RunCPU,
     confirmed_lsn,
     cpu_seconds_with_children,
     create_outbox,
     current_lsn,
     machine_facts,
+    postmaster_pid,
+    thread_cpu_seconds,
 )
 from bench.peer import PeerChild, PeerRuntime
+from bench.report import RATIO_AFTER_STARTUP_MIN
+from cdc_relay._hot_path import HOT_PATH, extension_of
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.local import LocalBroker, LocalPostgres
@@ -143,11 +151,18 @@ def recvlogical_options(plugin: str) -> dict[str, str]:
     return plugin_options_for(_settings(plugin))
 
 
-def time_bare(bootstrap: str, rows: int) -> dict[str, Any]:
+def time_bare(bootstrap: str, rows: int, *, postmaster: int, broker: int) -> dict[str, Any]:
     """The bare producer with the relay's producer configuration, counted on the broker too."""
     config = _settings("pgoutput", bootstrap).producer_config()
     with BrokerCounter(bootstrap, TOPIC) as counter:
-        measured = time_bare_producer(config, TOPIC, rows)
+        window = RunCPU(postmaster)
+        during: dict[str, Any] = {}
+
+        def exited(pid: int) -> None:
+            during.update(window.end({"program": pid, "broker": broker}))
+
+        measured = time_bare_producer(config, TOPIC, rows, exited=exited)
+        measured["cpu_during_run"] = during
         deadline = time.monotonic() + 10.0
         while counter.count < rows and time.monotonic() < deadline:
             counter.wait(POLL_INTERVAL)
@@ -155,22 +170,44 @@ def time_bare(bootstrap: str, rows: int) -> dict[str, Any]:
     return measured
 
 
-def time_recvlogical(url: str, slot: str, end: int, plugin: str) -> dict[str, Any]:
-    """``pg_recvlogical`` streams ``slot`` up to ``end`` to /dev/null: seconds and CPU."""
+def time_recvlogical(
+    url: str, slot: str, end: int, plugin: str, *, postmaster: int
+) -> dict[str, Any]:
+    """``pg_recvlogical`` streams ``slot`` up to ``end`` to /dev/null: seconds and CPU, and where
+    the machine's CPU went meanwhile (its walsender read every ``POLL_INTERVAL / 2``)."""
     options = recvlogical_options(plugin)
     command = [
         str(find_bindir() / "pg_recvlogical"),
         "-d", url, "-S", slot, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
         *(item for key, value in options.items() for item in ("-o", f"{key}={value}")),
     ]  # fmt: skip
+    window = RunCPU(postmaster)
     started = time.perf_counter()
     proc = subprocess.Popen(command)
-    _, status, usage = os.wait4(proc.pid, 0)  # its rusage: what /proc cannot give after exit
+    stop = threading.Event()
+
+    def watch() -> None:  # its walsender exits with it: read while it lives
+        while not stop.wait(POLL_INTERVAL / 2):
+            window.poll()
+
+    watcher = threading.Thread(target=watch, name="walsender-cpu", daemon=True)
+    watcher.start()
+    # Exited but not reaped (WNOWAIT): its /proc entry still holds its CPU for the breakdown.
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     elapsed = time.perf_counter() - started
+    stop.set()
+    watcher.join()
+    window.wait_walsenders_gone()
+    during = window.end({"program": proc.pid})
+    _, status, usage = os.wait4(proc.pid, 0)  # its rusage: what /proc cannot give after exit
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, command[0])
-    return {"seconds": elapsed, "cpu_seconds": usage.ru_utime + usage.ru_stime}
+    return {
+        "seconds": elapsed,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "cpu_during_run": during,
+    }
 
 
 def time_relay(
@@ -183,9 +220,12 @@ def time_relay(
     plugin: str,
     relay_settings: dict[str, str] | None = None,
     tree: Path = REPO,
+    postmaster: int,
+    broker: int,
 ) -> dict[str, Any]:
     """Start the relay (from ``tree``) on ``slot``; time it until the slot is confirmed past
-    ``inside_last``."""
+    ``inside_last``. Also its main thread's CPU (the loop: decode, map, produce, acknowledge) and
+    where the machine's CPU went meanwhile."""
     relay = RelayChild(
         url,
         bootstrap,
@@ -200,6 +240,7 @@ def time_relay(
     samples_t: list[float] = [0.0]  # relay launch: nothing published yet
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
+    startup_main_cpu: float | None = None
     startup_s: float | None = None
     start_replication_s: float | None = None
     broker_s: float | None = None
@@ -207,8 +248,10 @@ def time_relay(
     with (
         psycopg.connect(url, autocommit=True) as conn,
         BrokerCounter(bootstrap, TOPIC) as counter,
-        relay,
+        contextlib.ExitStack() as stack,
     ):
+        window = RunCPU(postmaster)  # the counter's start-up is not the relay's run
+        stack.enter_context(relay)
         next_sample = relay.started
         while True:
             now = time.perf_counter()
@@ -226,6 +269,7 @@ def time_relay(
                         # Start-up cost: imports, connections, slot checks (read within ~20 ms
                         # of the session starting, so it includes a little streaming work).
                         startup_cpu = cpu_seconds_with_children(relay.pid)
+                        startup_main_cpu = thread_cpu_seconds(relay.pid)
                         startup_s = now - relay.started
                         # The instant the relay sent START_REPLICATION, on the monotonic clock
                         # both processes share (perf_counter is that clock on Linux): exact,
@@ -241,6 +285,8 @@ def time_relay(
             counter.wait(POLL_INTERVAL)
         elapsed = time.perf_counter() - relay.started
         cpu = cpu_seconds_with_children(relay.pid)
+        main_cpu = thread_cpu_seconds(relay.pid)
+        during = window.end({"program": relay.pid, "broker": broker})
         rss = relay.peak_rss_mb()
         published = relay.published() or 0
         samples_t.append(round(elapsed, 3))
@@ -256,8 +302,13 @@ def time_relay(
         "seconds": elapsed,
         "cpu_seconds": cpu,
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
+        "main_thread_cpu_seconds": main_cpu,
+        "startup_main_thread_cpu_seconds": (
+            main_cpu if startup_main_cpu is None else startup_main_cpu
+        ),
         "startup_seconds": elapsed if startup_s is None else startup_s,
         "broker_seconds": broker_s,
+        "cpu_during_run": during,
         "first_on_broker_seconds": first_s,
         "start_replication_seconds": start_replication_s,
         "peak_rss_mb": rss,
@@ -270,7 +321,15 @@ def time_relay(
 
 
 def time_peer(
-    runtime: PeerRuntime, url: str, bootstrap: str, *, slot: str, rows: int, variant: str
+    runtime: PeerRuntime,
+    url: str,
+    bootstrap: str,
+    *,
+    slot: str,
+    rows: int,
+    variant: str,
+    postmaster: int,
+    broker: int,
 ) -> dict[str, Any]:
     """Start mq-bridge on ``slot``; time it until ``rows`` records arrived in its topic."""
     config = peer_module.route_config(
@@ -283,7 +342,9 @@ def time_peer(
     startup_cpu: float | None = None
     startup_s: float | None = None
     first_s: float | None = None
-    with BrokerCounter(bootstrap, PEER_TOPIC) as counter, PeerChild(runtime, config) as peer:
+    with BrokerCounter(bootstrap, PEER_TOPIC) as counter, contextlib.ExitStack() as stack:
+        window = RunCPU(postmaster)
+        peer = stack.enter_context(PeerChild(runtime, config))
         next_sample = peer.started + SAMPLE_INTERVAL
         while True:
             counter.wait(POLL_INTERVAL)
@@ -307,6 +368,7 @@ def time_peer(
                 )
         elapsed = now - peer.started
         cpu = peer.cpu_seconds()
+        during = window.end({"program": peer.pid, "broker": broker})
         rss = peer.peak_rss_mb()
         samples_t.append(round(elapsed, 3))
         samples_published.append(counter.count)
@@ -320,6 +382,7 @@ def time_peer(
         "startup_cpu_seconds": cpu if startup_cpu is None else startup_cpu,
         "startup_seconds": elapsed if startup_s is None else startup_s,
         "first_on_broker_seconds": first_s,
+        "cpu_during_run": during,
         "peak_rss_mb": rss,
         "published": published,
         "on_broker": counter.count,
@@ -330,7 +393,10 @@ def time_peer(
 
 
 def baseline_label(tree: Path) -> str:
-    """``cdc-relay <commit>`` for a checkout (its short commit, ``+`` when it has changes)."""
+    """``cdc-relay <commit>`` for a checkout (its short commit, ``+`` when it has changes), or
+    :data:`bench.compiled.LABEL` for the Docker image's build (``--compiled``)."""
+    if (tree / compiled.MARKER).is_file():
+        return compiled.LABEL
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -339,8 +405,9 @@ def baseline_label(tree: Path) -> str:
 
     commit = git("rev-parse", "--short", "HEAD") or tree.name
     changed = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
-    compiled = " compiled" if any((tree / "cdc_relay").rglob("*.so")) else ""
-    return f"cdc-relay {commit}{changed}{compiled}"
+    # The hot path's mypyc modules, not the C tuple reader every install builds.
+    built = any(extension_of(tree / "cdc_relay", name) for name in HOT_PATH)
+    return f"cdc-relay {commit}{changed}{' compiled' if built else ''}"
 
 
 def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
@@ -370,24 +437,51 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
             out[key.replace("seconds", "s")] = round(measured[key], 3)
     if "on_broker" in measured:
         out["on_broker"] = measured["on_broker"]
+    if "main_thread_cpu_seconds" in measured:
+        main = measured["main_thread_cpu_seconds"]
+        streaming = (main - measured["startup_main_thread_cpu_seconds"]) / rows * 1e6
+        out |= {
+            "main_thread_cpu_us_per_event": round(main / rows * 1e6, 2),
+            "main_thread_cpu_us_per_event_after_startup": round(streaming, 2),
+            # What the loop alone could sustain with a core of its own.
+            "main_thread_rows_per_s_alone": round(1e6 / streaming) if streaming > 0 else None,
+        }
+    if "cpu_during_run" in measured:
+        out["cpu_during_run"] = cpu_during_run(rows, measured["cpu_during_run"])
     return out
+
+
+def cpu_during_run(rows: int, during: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds by label over one run as % of one core and as µs per row of the backlog."""
+    window, cpu = float(during["window_s"]), during["cpu_s"]
+    return {
+        "window_s": round(window, 3),
+        "percent_of_a_core": {label: round(100 * s / window, 1) for label, s in cpu.items()},
+        "us_per_row": {label: round(s / rows * 1e6, 2) for label, s in cpu.items()},
+    }
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Field by field: the median of numbers, the worst exit code, the fewest rows published and
     the most records on the broker (duplicates show)."""
     out: dict[str, Any] = {}
-    for key, value in runs[0].items():
+    for key, first in runs[0].items():
         if key == "round":
             continue
-        values = [run[key] for run in runs if key in run]
+        values = [run[key] for run in runs if key in run and run[key] is not None]
+        value = values[0] if values else first
+        if not values:
+            out[key] = value
+            continue
         if key == "exit_code":
             out[key] = max(values, key=abs)
         elif key == "published":
             out[key] = min(values)
         elif key == "on_broker":
             out[key] = max(values)
-        elif isinstance(value, int | float):
+        elif isinstance(value, dict):
+            out[key] = _median(values)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
             middle = statistics.median(values)
             whole = all(isinstance(v, int) for v in values)
             out[key] = round(middle) if whole else round(middle, 3)
@@ -455,6 +549,7 @@ def catchup_scenario(
     failed: dict[str, str] = {}
     orders: list[list[str]] = []
     import_floor: list[float] = []
+    postmaster = postmaster_pid(server)
     url = server.create_database(name)
     try:
         create_outbox(url, plugin)  # the template slot: nothing ever reads it
@@ -464,11 +559,12 @@ def catchup_scenario(
 
         def run_one(program: str, slot: str) -> dict[str, Any]:
             if program == RECVLOGICAL:
-                return time_recvlogical(url, slot, end, plugin)
+                return time_recvlogical(url, slot, end, plugin, postmaster=postmaster)
             with LocalBroker() as broker:
+                pids = {"postmaster": postmaster, "broker": broker.pid or 0}
                 if program == BARE:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
-                    return time_bare(broker.bootstrap_servers, rows)
+                    return time_bare(broker.bootstrap_servers, rows, **pids)
                 if program == RELAY or program in trees or program in variants:
                     broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
                     tree = trees.get(program, REPO)
@@ -476,14 +572,15 @@ def catchup_scenario(
                     return time_relay(
                         url, broker.bootstrap_servers, slot=slot, rows=rows,
                         inside_last=inside_last, plugin=plugin, relay_settings=settings,
-                        tree=tree,
+                        tree=tree, **pids,
                     )  # fmt: skip
                 assert isinstance(peer, PeerRuntime)
                 broker.create_topic(PEER_TOPIC, partitions=TOPIC_PARTITIONS)
                 variant = list(peer_module.VARIANTS)[peer_names.index(program)]
                 return time_peer(
-                    peer, url, broker.bootstrap_servers, slot=slot, rows=rows, variant=variant
-                )
+                    peer, url, broker.bootstrap_servers, slot=slot, rows=rows, variant=variant,
+                    **pids,
+                )  # fmt: skip
 
         for number in range(rounds):
             shift = number % len(programs)
@@ -544,9 +641,19 @@ def catchup_scenario(
         for run in bare:
             if run["on_broker"] < rows:
                 raise RuntimeError(f"the bare producer got {run['on_broker']} of {rows} records in")
+        others = [
+            run["cpu_during_run"]["percent_of_a_core"]["other"]
+            for runs in measured.values()
+            for run in runs
+            if "cpu_during_run" in run
+        ]
         result["floor"] = floor_summary(
             _median(base), _median(bare) | _ratios(base, bare), import_floor, relay
         )
+        result["floor"]["budget"] = item2_budget(
+            _median(base), result["floor"]["bare_producer"], relay,
+            cores=os.cpu_count() or 1, other_percent=statistics.median(others),
+        )  # fmt: skip
     if variants:
         result["variants"] = {
             name: _median(measured[name])
@@ -605,6 +712,73 @@ def floor_summary(
     if sent is not None:
         out["relay_start_replication_over_import_floor_s"] = round(sent - imports, 3)
     return out
+
+
+def item2_budget(
+    recvlogical: dict[str, Any],
+    bare: dict[str, Any],
+    relay: dict[str, Any],
+    *,
+    cores: int,
+    other_percent: float,
+    ratio: float = RATIO_AFTER_STARTUP_MIN,
+) -> dict[str, Any]:
+    """Whether this machine's cores can run the floor at ``ratio`` times pg_recvlogical's rate.
+
+    At that rate, every row costs the server's CPU (pg_recvlogical's run: the walsender's
+    decoding, the cluster's background), the broker's and the bench's counter's (the bare
+    producer's run: records in, counted) and the bare producer's own (after its start-up), all
+    measured in this run; the cores they need are the rate times their sum, against the
+    machine's cores, and against what the other processes on the machine left of them in this
+    run (the median of ``other_percent`` over every run).
+    """
+    server = recvlogical["cpu_during_run"]["us_per_row"]
+    kafka = bare["cpu_during_run"]["us_per_row"]
+    per_row = {
+        "server": server["server"],
+        "broker": kafka["broker"],
+        "bare producer": bare["cpu_us_per_event_after_startup"],
+        "bench (broker counter)": kafka["bench"],
+    }
+    floor_us = max(sum(per_row.values()), 0.01)  # 10 ms ticks: a tiny run may count none
+    target = ratio * recvlogical["rows_per_s"]
+    available = max(cores - other_percent / 100, 0.0)
+    # The relay's own run the same way: its process after its start-up, the rest over the run.
+    relay_run = relay["cpu_during_run"]["us_per_row"]
+    relay_parts = {
+        "server": relay_run["server"],
+        "broker": relay_run["broker"],
+        "relay": relay["cpu_us_per_event_after_startup"],
+        "bench": relay_run["bench"],
+    }
+    relay_sum = sum(relay_parts.values())
+    return {
+        "ratio": ratio,
+        "target_rows_per_s": round(target),
+        "floor_us_per_row": {key: round(value, 2) for key, value in per_row.items()},
+        "walsender_us_per_row": server["walsender"],
+        "floor_us_per_row_sum": round(floor_us, 2),
+        "cores_needed": round(target * floor_us / 1e6, 2),
+        "cores": cores,
+        "reachable": target * floor_us / 1e6 <= cores,
+        # The floor's rate with every core its own, and per row at the target rate what the
+        # relay may spend beyond the bare producer.
+        "floor_max_rows_per_s": round(cores * 1e6 / floor_us),
+        "floor_max_ratio": round(cores * 1e6 / floor_us / recvlogical["rows_per_s"], 3),
+        "left_for_the_relay_us_per_row": round(cores * 1e6 / target - floor_us, 2),
+        # The same on what the other processes left of the cores in this run.
+        "other_processes_cores": round(other_percent / 100, 2),
+        "reachable_on_what_others_left": target * floor_us / 1e6 <= available,
+        "floor_max_ratio_on_what_others_left": round(
+            available * 1e6 / floor_us / recvlogical["rows_per_s"], 3
+        ),
+        "relay_run_us_per_row": {key: round(value, 2) for key, value in relay_parts.items()},
+        "relay_run_us_per_row_sum": round(relay_sum, 2),
+        "relay_run_cores_needed": round(target * relay_sum / 1e6, 2),
+        "relay_over_bare_producer_us_per_row": round(
+            relay["cpu_us_per_event_after_startup"] - bare["cpu_us_per_event_after_startup"], 2
+        ),
+    }
 
 
 def run(

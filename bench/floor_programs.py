@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,13 @@ def import_floor_seconds(launches: int) -> float:
     return best
 
 
-def time_bare_producer(config: dict[str, str], topic: str, rows: int) -> dict[str, Any]:
-    """Run the child: seconds from launch to exit, its CPU (wait4), start-up, acknowledgements."""
+def time_bare_producer(
+    config: dict[str, str], topic: str, rows: int, exited: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Run the child: seconds from launch to exit, its CPU (wait4), start-up, acknowledgements.
+
+    ``exited``: called with the child's pid once it exited, before it is reaped (its /proc entry
+    still holds its CPU)."""
     command = [sys.executable, "-m", "bench.floor_programs", str(rows), topic]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
@@ -53,8 +59,11 @@ def time_bare_producer(config: dict[str, str], topic: str, rows: int) -> dict[st
     proc.stdin.write(json.dumps(config).encode())
     proc.stdin.close()
     out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     elapsed = time.perf_counter() - started
+    if exited is not None:
+        exited(proc.pid)
+    _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, command)
@@ -67,6 +76,8 @@ def time_bare_producer(config: dict[str, str], topic: str, rows: int) -> dict[st
         # perf_counter is CLOCK_MONOTONIC on Linux, shared by both processes
         "startup_seconds": report["ready"] - started,
         "startup_cpu_seconds": report["ready_cpu"],
+        "main_thread_cpu_seconds": report["main_cpu"],
+        "startup_main_thread_cpu_seconds": report["ready_main_cpu"],
         "published": report["acked"],
         "exit_code": proc.returncode,
         "peak_rss_mb": report["peak_rss_mb"],
@@ -110,7 +121,7 @@ def child(rows: int, topic: str) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    ready, ready_cpu = time.perf_counter(), cpu()
+    ready, ready_cpu, ready_main_cpu = time.perf_counter(), cpu(), time.thread_time()
     produce, poll = producer.produce, producer.poll
     for i in range(rows):
         key, value, headers = records[i % POOL]
@@ -124,8 +135,16 @@ def child(rows: int, topic: str) -> None:
             poll(0)
     while acked[0] < rows and producer.flush(10.0):
         pass
+    main_cpu = time.thread_time()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    report = {"ready": ready, "ready_cpu": ready_cpu, "acked": acked[0], "peak_rss_mb": peak_mb}
+    report = {
+        "ready": ready,
+        "ready_cpu": ready_cpu,
+        "ready_main_cpu": ready_main_cpu,
+        "main_cpu": main_cpu,
+        "acked": acked[0],
+        "peak_rss_mb": peak_mb,
+    }
     print(json.dumps(report))
 
 

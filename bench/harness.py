@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -86,15 +86,33 @@ def load_average() -> float:
         return float("nan")
 
 
-def _proc_stat(pid: str) -> tuple[str, int, float] | None:
-    """(command name, parent pid, CPU seconds) of one /proc entry, None if it vanished."""
+class ProcessCPU(NamedTuple):
+    """One /proc entry: its command name, parent and CPU seconds so far."""
+
+    name: str
+    parent: int
+    cpu: float  # utime + stime, every thread of the process
+    reaped: float  # cutime + cstime: the children it waited for (a walsender, once it exited)
+
+
+def parse_stat(text: str, ticks_per_second: int) -> ProcessCPU:
+    """The fields of a ``/proc/<pid>/stat`` line that CPU accounting needs. The command name is
+    parenthesised and may itself hold spaces or parentheses: the fields start after the last
+    ``)``."""
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    ticks = ticks_per_second
+    return ProcessCPU(name, int(fields[1]), (utime + stime) / ticks, (cutime + cstime) / ticks)
+
+
+def _proc_stat(pid: str) -> ProcessCPU | None:
+    """One /proc entry, None if it vanished."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    name = text[text.find("(") + 1 : text.rfind(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return parse_stat(text, os.sysconf("SC_CLK_TCK"))
 
 
 def cpu_seconds_with_children(pid: int) -> float:
@@ -103,9 +121,16 @@ def cpu_seconds_with_children(pid: int) -> float:
     return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def process_snapshot() -> dict[int, tuple[str, int, float]]:
-    """Every process: pid -> (name, parent pid, CPU seconds so far)."""
-    snapshot: dict[int, tuple[str, int, float]] = {}
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """utime + stime of one thread (the main thread by default: its id is the process's)."""
+    tid = pid if tid is None else tid
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_snapshot() -> dict[int, ProcessCPU]:
+    """Every process: pid -> its name, parent pid and CPU seconds so far."""
+    snapshot: dict[int, ProcessCPU] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = _proc_stat(entry.name)
@@ -114,9 +139,20 @@ def process_snapshot() -> dict[int, tuple[str, int, float]]:
     return snapshot
 
 
+def _ancestry(snapshot: dict[int, ProcessCPU], roots: set[int]) -> dict[int, int | None]:
+    """For every process: the nearest of ``roots`` among it and its ancestors, or None."""
+    found: dict[int, int | None] = {}
+    for start in snapshot:
+        pid, seen = start, 0
+        while pid > 1 and seen < 64 and pid not in roots:
+            pid, seen = (snapshot[pid].parent if pid in snapshot else 0), seen + 1
+        found[start] = pid if pid in roots else None
+    return found
+
+
 def foreign_cpu(
-    before: dict[int, tuple[str, int, float]],
-    after: dict[int, tuple[str, int, float]],
+    before: dict[int, ProcessCPU],
+    after: dict[int, ProcessCPU],
     roots: set[int],
 ) -> tuple[float, list[tuple[str, float]]]:
     """CPU seconds that processes outside the trees under ``roots`` used between two snapshots.
@@ -124,30 +160,51 @@ def foreign_cpu(
     Tells whether something else ran during a measurement (another test suite, a build). A
     process that both started and ended in between is not seen.
     """
-    parents = {pid: parent for pid, (_, parent, _) in {**before, **after}.items()}
-
-    def ours(pid: int) -> bool:
-        seen = 0
-        while pid > 1 and seen < 64:
-            if pid in roots:
-                return True
-            pid, seen = parents.get(pid, 0), seen + 1
-        return False
-
+    mine = _ancestry({**before, **after}, roots)
     used: dict[str, float] = {}
-    for pid, (name, parent, cpu) in after.items():
-        if ours(pid) or KTHREADD in (pid, parent):
+    for pid, (name, parent, cpu, _) in after.items():
+        if mine[pid] is not None or KTHREADD in (pid, parent):
             continue  # kernel threads mostly do our own I/O
-        delta = cpu - (before[pid][2] if pid in before and before[pid][0] == name else 0.0)
+        delta = cpu - (before[pid].cpu if pid in before and before[pid].name == name else 0.0)
         if delta > 0:
             used[name] = used.get(name, 0.0) + delta
     top = sorted(used.items(), key=lambda item: -item[1])[:3]
     return sum(used.values()), [(name, round(cpu, 2)) for name, cpu in top]
 
 
+def cpu_seconds_by_tree(
+    before: dict[int, ProcessCPU],
+    after: dict[int, ProcessCPU],
+    roots: dict[str, int],
+) -> dict[str, float]:
+    """CPU seconds each process tree (label -> its root pid) used between two snapshots, and
+    ``other``: every other process except kernel threads.
+
+    A process counts for the nearest root among it and its ancestors. Each tree's sum includes
+    the children its members waited for (cutime + cstime), so a process that exited in between
+    is counted too once its parent reaped it: a walsender whose client left, a writer's backend.
+    Each snapshot is summed on its own, so a process that lived across the first snapshot and
+    was reaped before the second counts only for its time in between.
+    """
+    owner = {pid: label for label, pid in roots.items()}
+
+    def sums(snapshot: dict[int, ProcessCPU]) -> dict[str, float]:
+        used = dict.fromkeys([*roots, "other"], 0.0)
+        nearest = _ancestry(snapshot, set(owner))
+        for pid, process in snapshot.items():
+            if KTHREADD in (pid, process.parent):
+                continue
+            root = nearest[pid]
+            used[owner[root] if root is not None else "other"] += process.cpu + process.reaped
+        return used
+
+    earlier, later = sums(before), sums(after)
+    return {label: max(later[label] - earlier[label], 0.0) for label in later}
+
+
 def cpu_breakdown(
-    before: dict[int, tuple[str, int, float]],
-    after: dict[int, tuple[str, int, float]],
+    before: dict[int, ProcessCPU],
+    after: dict[int, ProcessCPU],
     seconds: float,
     roots: dict[str, int],
 ) -> dict[str, float]:
@@ -155,26 +212,112 @@ def cpu_breakdown(
 
     Also ``other``: everything else except kernel threads, and ``machine``: the sum.
     """
-    parents = {pid: parent for pid, (_, parent, _) in {**before, **after}.items()}
-    owner = {pid: label for label, pid in roots.items()}
-
-    def label_of(pid: int) -> str | None:
-        seen = 0
-        while pid > 1 and seen < 64:
-            if pid in owner:
-                return owner[pid]
-            pid, seen = parents.get(pid, 0), seen + 1
-        return None
-
-    used = dict.fromkeys([*roots, "other"], 0.0)
-    for pid, (name, parent, cpu) in after.items():
-        if KTHREADD in (pid, parent):
-            continue
-        earlier = before[pid][2] if pid in before and before[pid][0] == name else 0.0
-        used[label_of(pid) or "other"] += max(cpu - earlier, 0.0)
+    used = cpu_seconds_by_tree(before, after, roots)
     percent = {label: round(100 * cpu / seconds, 1) for label, cpu in used.items()}
     percent["machine"] = round(sum(percent.values()), 1)
     return percent
+
+
+def parse_cpu_line(text: str, ticks_per_second: int) -> float:
+    """Busy CPU seconds of every core so far from ``/proc/stat``'s first line: user, nice,
+    system, irq, softirq (guest time is inside user); not idle, iowait or steal (the hypervisor
+    giving the core to another machine)."""
+    values = [int(v) for v in text.split("\n", 1)[0].split()[1:]]
+    busy = values[0] + values[1] + values[2] + sum(values[5:7])
+    return busy / ticks_per_second
+
+
+def machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (every core, every process, the kernel)."""
+    return parse_cpu_line(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+
+
+def walsender_pids(postmaster: int, others: set[int] | None = None) -> list[int]:
+    """The postmaster's children that are walsenders (their process title says so).
+
+    ``others``: children known not to be, not read again: the background processes present when
+    a run starts (a new backend's title says ``walsender`` only once it is one, so it is read
+    at every call)."""
+    try:
+        children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    except OSError:
+        return []
+    found = []
+    for child in map(int, children):
+        if others is not None and child in others:
+            continue
+        try:
+            title = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"postgres: walsender"):
+            found.append(child)
+    return found
+
+
+class RunCPU:
+    """Where the machine's CPU went during one program's run: the server (every process of the
+    cluster, exited ones included), of it the walsenders, the broker, the program, the bench
+    itself (its broker counter and probes), every other process, and the machine (/proc/stat).
+
+    Start it just before the program is launched, :meth:`poll` while it runs, :meth:`end` once
+    it is done but before it is reaped (a zombie's /proc entry still holds its CPU; once reaped,
+    its CPU would count for the bench). A walsender exits with its client and its time then
+    lives only in the postmaster's sum of reaped children, so the walsenders are read while they
+    live (by :meth:`poll` and :meth:`end`): one that exits between two polls loses the CPU it
+    used after the last one (the 10 ms ticks of /proc are coarser than that).
+    """
+
+    def __init__(self, postmaster: int) -> None:
+        self.postmaster = postmaster
+        self._machine = machine_busy_seconds()
+        self._before = process_snapshot()
+        walsenders = walsender_pids(postmaster)
+        self._walsenders_before = {
+            pid: self._before[pid].cpu for pid in walsenders if pid in self._before
+        }
+        # The cluster's processes present now that are not walsenders: not read again by poll().
+        self._not_walsenders = {
+            pid
+            for pid, process in self._before.items()
+            if process.parent == postmaster and pid not in walsenders
+        }
+        self._walsenders: dict[int, float] = {}
+        self.started = time.perf_counter()
+
+    def poll(self) -> None:
+        for pid in walsender_pids(self.postmaster, self._not_walsenders):
+            stat = _proc_stat(str(pid))
+            if stat is not None:
+                self._walsenders[pid] = max(stat.cpu, self._walsenders.get(pid, 0.0))
+
+    def wait_walsenders_gone(self, timeout: float = 2.0) -> None:
+        """Until every walsender seen has been reaped, reading them meanwhile: one that exits
+        while :meth:`end` reads /proc could be missed by both its own entry (gone) and the
+        postmaster's (read before it reaped it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            if not any(Path(f"/proc/{pid}").exists() for pid in self._walsenders):
+                return
+            time.sleep(0.005)
+
+    def end(self, roots: dict[str, int]) -> dict[str, Any]:
+        """CPU seconds by label over the run (``roots``: label -> root pid, beside the server's
+        and the bench's own), and the run's length."""
+        self.poll()
+        after = process_snapshot()
+        seconds = time.perf_counter() - self.started
+        machine = machine_busy_seconds() - self._machine
+        used = cpu_seconds_by_tree(
+            self._before, after, {"server": self.postmaster, **roots, "bench": os.getpid()}
+        )
+        walsender = sum(
+            cpu - self._walsenders_before.get(pid, 0.0) for pid, cpu in self._walsenders.items()
+        )
+        server = used.pop("server")
+        ordered = {"server": server, "walsender": min(walsender, server)}
+        return {"window_s": seconds, "cpu_s": {**ordered, **used, "machine": machine}}
 
 
 def postmaster_pid(server: LocalPostgres) -> int:

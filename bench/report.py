@@ -322,3 +322,105 @@ def cpu_lines(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str]:
     if lines:
         lines.insert(0, "CPU during the steady-state windows, % of one core:")
     return lines
+
+
+CPU_LABELS = ("server", "walsender", "broker", "program", "bench", "other", "machine")
+
+
+def _catchup_programs(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every program of a catch-up that ran, in the programs table's order."""
+    floor = result.get("floor")
+    programs = [("pg_recvlogical (to /dev/null)", result["pg_recvlogical"])]
+    if floor:
+        programs.append((BARE_PRODUCER, floor["bare_producer"]))
+    programs.append(("cdc-relay", result["relay"]))
+    others = {
+        **result.get("variants", {}),
+        **result.get("baselines", {}),
+        **result.get("peers", {}),
+    }
+    programs += [(name, run) for name, run in others.items() if "seconds" in run]
+    return programs
+
+
+def cpu_runs_table(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str]:
+    """Per catch-up scenario: where the machine's CPU went during each program's run, and what
+    the relay's main thread alone could sustain."""
+    header = ("program", "run s", *CPU_LABELS, "µs/row: server (walsender)", "broker",
+              "program", "main thread µs/row → rows/s alone")  # fmt: skip
+    tables: list[str] = []
+    for key, result in scenarios.items():
+        if result["kind"] != "catchup":
+            continue
+        rows: list[tuple[str, ...]] = []
+        for name, run in _catchup_programs(result):
+            during = run.get("cpu_during_run")
+            if not during:
+                continue
+            percent, per_row = during["percent_of_a_core"], during["us_per_row"]
+            shares = [_num(percent[label], 0) if label in percent else "-" for label in CPU_LABELS]
+            main = run.get("main_thread_cpu_us_per_event_after_startup")
+            alone = run.get("main_thread_rows_per_s_alone")
+            rows.append(
+                (name, _num(during["window_s"], 2),
+                 *shares,
+                 f"{_num(per_row['server'], 2)} ({_num(per_row['walsender'], 2)})",
+                 _num(per_row.get("broker"), 2) if "broker" in per_row else "-",
+                 _num(per_row["program"], 2),
+                 f"{_num(main, 2)} → {alone:,}" if main is not None and alone else "")
+            )  # fmt: skip
+        if not rows:
+            continue
+        rounds = result.get("rounds", 1)
+        done = f"medians of {rounds} rounds" if rounds > 1 else "one round"
+        heading = (
+            f"{title(key, result)}: CPU during each program's run, % of one core "
+            f"(of {cores * 100}), {done}"
+        )
+        notes = [
+            "  server: every process of the PostgreSQL cluster (exited ones included); "
+            "walsender: of it, the replication connection's; program: the program's own "
+            "process (every thread); bench: its broker counter and probes; machine: /proc/stat",
+            "  main thread: its CPU per row after start-up, and 1 / that: the rows/s the loop "
+            "could sustain with a core of its own",
+        ]
+        tables.append("\n".join([heading, *_grid(header, rows, set(range(1, 13))), *notes]))
+    return tables
+
+
+def budget_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
+    """Issue 25 item 2 against this machine's cores, from the numbers of the same run."""
+    lines: list[str] = []
+    for key, result in scenarios.items():
+        budget = result.get("floor", {}).get("budget")
+        if not budget:
+            continue
+        base = result["pg_recvlogical"]["rows_per_s"]
+        floor = budget["floor_us_per_row"]
+        parts = " + ".join(f"{name} {value:.2f}" for name, value in floor.items())
+        relay = budget["relay_run_us_per_row"]
+        relay_parts = " + ".join(f"{name} {value:.2f}" for name, value in relay.items())
+        verdict = (
+            "reachable by the floor" if budget["reachable"] else "NOT reachable, even by the floor"
+        )
+        others = "reachable" if budget["reachable_on_what_others_left"] else "not reachable"
+        lines += [
+            f"Budget for ≥ {budget['ratio']:g}x pg_recvlogical after start-up (issue 25 item 2), "
+            f"{title(key, result)}, this run's numbers:",
+            f"  {budget['ratio']:g} x {base:,} = {budget['target_rows_per_s']:,} rows/s; the "
+            f"floor per row, µs: {parts} = {budget['floor_us_per_row_sum']:.2f} (server: "
+            f"pg_recvlogical's run, of it walsender {budget['walsender_us_per_row']:.2f}; broker "
+            "and counter: the bare producer's run; bare producer after its start-up)",
+            f"  → {budget['cores_needed']:.2f} cores needed of this machine's {budget['cores']}: "
+            f"{verdict}; the floor alone could run {budget['floor_max_rows_per_s']:,} rows/s "
+            f"({budget['floor_max_ratio']:.2f}x) with every core its own; the relay may spend "
+            f"{budget['left_for_the_relay_us_per_row']:.2f} µs/row beyond the bare producer, it "
+            f"spends {budget['relay_over_bare_producer_us_per_row']:.2f} more (after start-up)",
+            f"  → the relay's own run per row, µs: {relay_parts} = "
+            f"{budget['relay_run_us_per_row_sum']:.2f} (relay after its start-up): "
+            f"{budget['relay_run_cores_needed']:.2f} cores at the target",
+            f"  → other processes used {budget['other_processes_cores']:.2f} cores during the "
+            f"runs (median): on what they left, {others} (the floor at most "
+            f"{budget['floor_max_ratio_on_what_others_left']:.2f}x)",
+        ]
+    return lines

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from bench import compiled
 from bench import peer as peer_module
 from bench.catchup import EXACTLY_ONCE, VARIANTS, catchup_scenario
 from bench.harness import (
@@ -26,7 +27,16 @@ from bench.harness import (
     process_snapshot,
 )
 from bench.plot import plot
-from bench.report import cpu_lines, evaluate, machine_line, programs_table, table, targets_json
+from bench.report import (
+    budget_lines,
+    cpu_lines,
+    cpu_runs_table,
+    evaluate,
+    machine_line,
+    programs_table,
+    table,
+    targets_json,
+)
 from bench.steady import steady_scenario
 from cdc_relay.local import LocalPostgres
 
@@ -105,6 +115,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "/tmp/base <commit>`), interleaved, so a change's before and after share one run",
     )
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="catch-up: also run the relay as docker/Dockerfile builds it (mypyc, its build "
+        "pins; built once per tree into bench/.compiled/), interleaved, as one more row",
+    )
+    parser.add_argument(
         "--relay-setting",
         action="append",
         default=[],
@@ -152,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, str] = args.relay_setting
     rounds: int = args.rounds
     baselines: list[Path] = args.baseline
+    if args.compiled and any(key.startswith("catchup") for key in selected):
+        baselines = [*baselines, compiled.prepare()]
     started = time.perf_counter()
     started_at = datetime.datetime.now(datetime.UTC)
     peer: peer_module.PeerRuntime | str | None = None
@@ -312,6 +330,11 @@ def run(args: argparse.Namespace) -> int:
     for text in programs_table(scenarios):
         print(text)
         print()
+    for text in cpu_runs_table(scenarios, machine["cores"] or 1):
+        print(text)
+        print()
+    for line in budget_lines(scenarios):
+        print(line)
     for line in cpu_lines(scenarios, machine["cores"] or 1):
         print(line)
     if enforce:

@@ -17,9 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from bench import peer
+from bench.catchup import copy_slot, time_recvlogical, write_backlog
+from bench.harness import create_outbox, current_lsn, postmaster_pid
+from cdc_relay.local import LocalPostgres
 from tests.conftest import external_services
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,6 +119,39 @@ def _assert_floor(result: dict[str, Any], stdout: str) -> None:
     assert f"{bare['rows_per_s']:,}" in bare_row.split()
     floor_row = next(line for line in lines if line.startswith("floor: pg_recvlogical + bare"))
     assert f"{floor['import_floor_s']:.3f}" in floor_row
+    _assert_cpu_during_runs(scenario, stdout)
+
+
+def _assert_cpu_during_runs(scenario: dict[str, Any], stdout: str) -> None:
+    """Where the machine's CPU went during each program's run, the relay's main thread, and
+    issue 25 item 2's budget from them, in the JSON and printed."""
+    runs = {
+        "pg_recvlogical": scenario["pg_recvlogical"],
+        "bare producer (bench.floor)": scenario["floor"]["bare_producer"],
+        "cdc-relay": scenario["relay"],
+        **scenario["variants"],
+    }
+    for name, run in runs.items():
+        during = run["cpu_during_run"]
+        percent = during["percent_of_a_core"]
+        assert 0 < during["window_s"] <= run["seconds"] + 1, name
+        # 10 ms ticks: pg_recvlogical's tiny run may take none, the others' start-up some
+        assert percent["program"] >= (0 if name == "pg_recvlogical" else 0.1), name
+        assert percent["machine"] > 0, name
+        assert percent["walsender"] <= percent["server"], name
+        assert ("broker" in percent) == (name != "pg_recvlogical"), name
+    for name in ("cdc-relay", *scenario["variants"]):
+        relay = runs[name]
+        assert 0 < relay["main_thread_cpu_us_per_event"] <= relay["cpu_us_per_event"], name
+        alone = relay["main_thread_rows_per_s_alone"]  # None: no 10 ms tick after start-up
+        assert alone is None or alone > 0, name
+    budget = scenario["floor"]["budget"]
+    assert budget["target_rows_per_s"] == round(0.95 * scenario["pg_recvlogical"]["rows_per_s"])
+    assert budget["floor_us_per_row_sum"] == pytest.approx(
+        sum(budget["floor_us_per_row"].values()), abs=0.02
+    )
+    assert "CPU during each program's run, % of one core" in stdout
+    assert "Budget for ≥ 0.95x pg_recvlogical after start-up" in stdout
 
 
 def test_bench_smoke(tmp_path: Path) -> None:
@@ -274,3 +311,27 @@ def test_floor_smoke() -> None:
     for part in ("main", "process"):
         bare = result[f"{part}_us_per_event_bare_producer"]
         assert 0 < bare < result[f"{part}_us_per_event_relay"]
+
+
+def test_pg_recvlogicals_walsender_is_counted_though_it_exits_with_its_client() -> None:
+    """The server's CPU during pg_recvlogical's run holds its walsender's decoding, read while it
+    lived and, once it exited, through the postmaster's reaped children: never lost between the
+    walsender's own /proc entry (gone) and the postmaster's (read before it reaped it)."""
+    rows = 50_000
+    with LocalPostgres() as server:
+        url = server.create_database("bench_walsender")
+        create_outbox(url, "pgoutput")
+        write_backlog(url, rows, 10)
+        with psycopg.connect(url, autocommit=True) as conn:
+            end = current_lsn(conn)
+        postmaster = postmaster_pid(server)
+        for number in range(5):  # the race it guards against hit 1 window in 6
+            slot = copy_slot(url, f"copy_{number}")
+            measured = time_recvlogical(url, slot, end, "pgoutput", postmaster=postmaster)
+            cpu = measured["cpu_during_run"]["cpu_s"]
+            print(cpu)
+            # The walsender decodes every row: ~1-5 µs each, 10 ms ticks.
+            assert cpu["walsender"] >= 0.02, cpu
+            assert cpu["server"] >= cpu["walsender"], cpu
+            assert cpu["program"] > 0 or measured["cpu_seconds"] < 0.02, (cpu, measured)
+            assert cpu["machine"] >= cpu["server"] * 0.5, cpu
