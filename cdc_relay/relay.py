@@ -21,13 +21,13 @@ tests drive its lifecycle with fakes (``tests/fakes.py``).
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from cdc_relay import collector
 from cdc_relay.backoff import Backoff
 from cdc_relay.config import Settings
 from cdc_relay.errors import (
@@ -447,11 +447,7 @@ class Relay:
             resend=self._resend,
         )
         if self.stats.sessions == 1:
-            # What the first session's start-up allocated (its code, the producer, Kafka's client:
-            # ~20,000 objects) lives as long as the process; like start-up's (cli's
-            # tune_garbage_collector), out of the collector's walks: a young-generation collection
-            # that walks them stops the loop for 10-15 ms.
-            gc.freeze()
+            collector.settled()  # its code, the producer, Kafka's client: ~20,000 objects
         clean = False
         try:
             session.stream()
@@ -539,6 +535,7 @@ class _Metrics:
                 )
 
                 self._metrics = RelayMetrics(self._stats, self._registry or process_registry())
+                collector.settled()  # the SDK, the Prometheus client: ~13,000 objects
             return self._metrics
 
     def prometheus_text(self) -> bytes:
