@@ -475,6 +475,26 @@ class Histogram:
             lower, below = bound, cumulative
         return lower
 
+    def bucket(self, q: float) -> tuple[float, float] | None:
+        """The bounds (seconds) of the bucket holding rank ``q``: where the true quantile lies."""
+        if self.count <= 0 or not self.bounds:
+            return None
+        lower = 0.0
+        for bound, cumulative in zip(self.bounds, self.cumulative, strict=True):
+            if cumulative >= q * self.count:
+                return lower, bound
+            lower = bound
+        return lower, float("inf")
+
+    def share_within(self, limit: float) -> float | None:
+        """The exact share of observations at or below ``limit`` when it is a bucket bound (None
+        otherwise, or when empty). With ``limit`` a bound below the highest finite one,
+        ``quantile(q) <= limit`` exactly when this share is at least ``q``: the interpolation
+        cannot cross a bound."""
+        if self.count <= 0 or limit not in self.bounds:
+            return None
+        return self.cumulative[self.bounds.index(limit)] / self.count
+
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LE = re.compile(r'le="([^"]+)"')

@@ -11,7 +11,9 @@ from typing import Any
 RATIO_AFTER_STARTUP_MIN = 0.95
 CPU_US_MAX = 15.0  # relay CPU time per event, every scenario ...
 CPU_US_MAX_CATCHUP_10 = 8.0  # ... and at most this in the catch-up at 10 rows/txn
-P99_MS_MAX = 20.0  # end-to-end p99 on the high-rate steady-state run (5k events/s)
+# Commit -> Kafka acknowledgement p99 on the high-rate steady-state run (5k events/s), from the
+# relay's histogram: 20 ms is one of its bucket bounds, so pass or fail is exact (bench/README.md).
+P99_MS_MAX = 20.0
 RSS_MB_MAX = 150.0  # relay peak RSS, every scenario
 # Exactly once (CDC_RELAY_EXACTLY_ONCE=true): its catch-up rows/s ÷ the default relay's, same WAL,
 # same rounds; and its p99 at the high steady rate.
@@ -63,7 +65,8 @@ def evaluate(scenarios: dict[str, dict[str, Any]], enforce: bool) -> list[Target
             add(key, f"{name}: rows/s ÷ cdc-relay", variant["vs_relay"], ">=",
                 EXACTLY_ONCE_VS_RELAY_MIN)  # fmt: skip
         if key == "steady_high":
-            add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", P99_MS_MAX)
+            add(key, "commit_to_ack_p99_ms", result["relay_histogram"]["p99_ms"], "<=",
+                P99_MS_MAX)  # fmt: skip
         if key == "steady_high_exactly_once":
             add(key, "latency_p99_ms", result["latency_ms"]["p99"], "<=", EXACTLY_ONCE_P99_MS_MAX)
         cpu_max = CPU_US_MAX_CATCHUP_10 if key == "catchup_10_per_txn" else CPU_US_MAX
@@ -86,6 +89,19 @@ def title(key: str, result: dict[str, Any]) -> str:
     return f"2 steady {result['target_rate']:,} ev/s for {result['duration_s']:g} s{mode}"
 
 
+def _p99_note(hist: dict[str, Any]) -> str:
+    """Where the relay's bucketed p99 truly lies, and the exact share within the target."""
+    bucket = hist.get("p99_bucket_ms")
+    if not bucket:
+        return "bucketed"
+    upper = "∞" if bucket[1] is None else f"{bucket[1]:g}"
+    note = f"in ({bucket[0]:g}, {upper}]"
+    share = hist.get("share_within_target")
+    if share is not None:
+        note += f"; {share * 100:.2f} % ≤ {hist['target_ms']:g} ms"
+    return note
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "-"
@@ -98,12 +114,13 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
     header = ("scenario", "measure", "relay", "pg_recvlogical", "ratio", "target", "result")
     rows: list[tuple[str, ...]] = []
 
-    def verdict(key: str, metric: str) -> tuple[str, str]:
+    def verdict(key: str, metric: str, note: str = "", otherwise: str = "") -> tuple[str, str]:
+        """(target, result) of ``metric``, ``note`` beside the result; ``otherwise`` without one."""
         target = by_metric.get((key, metric))
         if target is None:
-            return "", ""
+            return "", otherwise
         result = "-" if target.passed is None else ("PASS" if target.passed else "FAIL")
-        return target.label, result
+        return target.label, f"{result} {note}" if note else result
 
     for key, result in scenarios.items():
         name = title(key, result)
@@ -163,11 +180,15 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                  f"{_num(latency['p95'])}", "", "", "", "")
             )  # fmt: skip
             rows.append(("", "insert→consumer p99, ms", _num(latency["p99"]), "", "",
-                         *verdict(key, "latency_p99_ms")))  # fmt: skip
+                         *verdict(key, "latency_p99_ms", otherwise="info")))  # fmt: skip
             rows.append(("", "insert→consumer max, ms", _num(latency["max"]), "", "", "", ""))
             rows.append(
-                ("", f"relay histogram p50 / p99, ms (n={hist['count']:,})",
-                 f"{_num(hist['p50_ms'])} / {_num(hist['p99_ms'])}", "", "", "", "bucketed")
+                ("", f"relay commit→Kafka ack p50 / p95, ms (n={hist['count']:,})",
+                 f"{_num(hist['p50_ms'])} / {_num(hist.get('p95_ms'))}", "", "", "", "bucketed")
+            )  # fmt: skip
+            rows.append(
+                ("", "relay commit→Kafka ack p99, ms", _num(hist["p99_ms"]), "", "",
+                 *verdict(key, "commit_to_ack_p99_ms", _p99_note(hist), _p99_note(hist)))
             )  # fmt: skip
             receive = result.get("relay_receive_histogram")
             if receive:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from cdc_relay import collector
 from cdc_relay.backoff import Backoff
 from cdc_relay.config import Settings
 from cdc_relay.errors import (
@@ -445,6 +446,8 @@ class Relay:
             noted=noted,
             resend=self._resend,
         )
+        if self.stats.sessions == 1:
+            collector.settled()  # its code, the producer, Kafka's client: ~20,000 objects
         clean = False
         try:
             session.stream()
@@ -532,6 +535,7 @@ class _Metrics:
                 )
 
                 self._metrics = RelayMetrics(self._stats, self._registry or process_registry())
+                collector.settled()  # the SDK, the Prometheus client: ~13,000 objects
             return self._metrics
 
     def prometheus_text(self) -> bytes:

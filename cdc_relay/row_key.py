@@ -76,7 +76,7 @@ def key_types(
     conn: Connection, table: OutboxTable, columns: tuple[str, ...]
 ) -> list[sql.Composable]:
     """Each key column's type as a name for a cast (schema-qualified, without its modifier):
-    values of a longer key travel as one array per column, which needs the element type."""
+    keys travel as text (:mod:`cdc_relay.sweep_queries`), cast back to these types."""
     rows = conn.execute(
         "SELECT n.nspname, t.typname FROM unnest(%s::text[]) WITH ORDINALITY c(name, n) "
         "JOIN pg_attribute a ON a.attrelid = %s AND a.attname = c.name "

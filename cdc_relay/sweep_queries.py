@@ -6,6 +6,11 @@ in SQL: the page of candidates (the fence read in the same statement, the sweep 
 retention, the row filter and sweep condition), the delete that checks them again, and the
 catalog reads around them. A table's row key names its rows: one column is compared with
 ``= ANY(array)``, several with one array per column, each of its type.
+
+Keys travel as text (read with ``::text``, cast back to the column's type in the statements that
+name rows): a candidate then costs one ``str``, which the cycle collector does not track. Read
+as ``uuid.UUID`` objects, the tens of thousands of candidates waiting between passes filled the
+collector's young generation, and collecting it stopped the relay's loop for 15-70 ms.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class SweptTable(Protocol):
 
     table: OutboxTable
     key: tuple[str, ...]
-    key_types: list[sql.Composable]  # of a key of several columns
+    key_types: list[sql.Composable]  # each key column's, for casting its text back
     condition: sql.Composable | None
 
 
@@ -47,9 +52,10 @@ def select_page(
     limit: int,
 ) -> tuple[int, list[object]]:
     """Up to ``limit`` candidate keys after ``after`` (None: from the first), in key order, and
-    the fence they were read below (0 when there are none)."""
+    the fence they were read below (0 when there are none). Keys as text (see above)."""
     key = [sql.Identifier(c) for c in swept.key]
     columns = sql.SQL(", ").join(key)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in key)
     # Only rows of transactions the slot is sure to have streamed (see
     # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
     # wraparound, and a frozen xmin has the greatest age, so it is never taken.
@@ -58,7 +64,9 @@ def select_page(
     if after is not None:
         after_values = list(after) if len(key) > 1 else [after]  # type: ignore[call-overload]
         conditions.append(
-            sql.SQL("({}) > ({})").format(columns, sql.SQL(", ").join(sql.SQL("%s") for _ in key))
+            sql.SQL("({}) > ({})").format(
+                columns, sql.SQL(", ").join(sql.SQL("%s::{}").format(t) for t in swept.key_types)
+            )
         )
         params.extend(after_values)
     if created_at is not None:
@@ -68,9 +76,10 @@ def select_page(
     # One statement: its snapshot precedes the fence, which it reads once per row returned
     # (each reading is after the snapshot, so the lowest will do).
     statement = sql.SQL(
-        "SELECT pg_current_wal_insert_lsn()::text, {columns} FROM {table} "
+        "SELECT pg_current_wal_insert_lsn()::text, {texts} FROM {table} "
         "WHERE {where} ORDER BY {columns} LIMIT %s"
     ).format(
+        texts=texts,
         columns=columns,
         table=sql.Identifier(*swept.table.schema_and_name),
         where=sql.SQL(" AND ").join(conditions),
@@ -90,18 +99,19 @@ def delete_batch(
 ) -> tuple[object, ...]:
     """Delete the rows of ``ids`` that are of transactions at or after ``boundary`` and still
     match the table's condition, in one short transaction (the sweeper's connection
-    autocommits); return the keys deleted (a value per row for a one-column key, a tuple for a
-    longer one)."""
+    autocommits); return the keys deleted (a text per row for a one-column key, a tuple of
+    texts for a longer one)."""
     key = [sql.Identifier(c) for c in swept.key]
     table = sql.Identifier(*swept.table.schema_and_name)
-    returning = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
+    columns = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
+    returning = sql.SQL(", ").join(sql.SQL("t.{}::text").format(c) for c in key)
     if len(key) == 1:
-        match = sql.SQL("t.{} = ANY(%s)").format(key[0])
+        match = sql.SQL("t.{} = ANY(%s::{}[])").format(key[0], swept.key_types[0])
         params: list[object] = [list(ids)]
     else:
-        # One array per key column, each of the types psycopg read them as.
+        # One array per key column, each cast to the column's type.
         match = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
-            returning,
+            columns,
             sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in swept.key_types),
         )
         params = [[row[i] for row in ids] for i in range(len(key))]  # type: ignore[index]

@@ -219,7 +219,7 @@ class _TableState:
         self.queue = CandidateQueue()
         self.unselected = 0  # estimate of eligible rows beyond the candidates (selection capped)
         self.key: tuple[str, ...] = ()  # the row key, resolved each pass
-        self.key_types: list[sql.Composable] = []  # of a key of several columns
+        self.key_types: list[sql.Composable] = []  # of the key's columns, resolved with it
         # Row filter and sweep condition: what a row must match to be deleted at all.
         conditions = [c for c in (table.filter, table.sweep_filter) if c is not None]
         self.condition: sql.Composable | None = (
@@ -370,8 +370,7 @@ class Sweeper:
                 # selected by another key are not this key's values.
                 state.queue.clear()
                 state.key = key.columns
-                multi = len(key.columns) > 1
-                state.key_types = key_types(conn, state.table, key.columns) if multi else []
+                state.key_types = key_types(conn, state.table, key.columns) if key.columns else []
             if key.problem is not None:
                 result.errors[table] = key.problem
                 continue

@@ -3,6 +3,7 @@ outbox rows and never one whose event Kafka has not acknowledged."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import random
@@ -321,6 +322,33 @@ def test_each_delete_transaction_removes_at_most_a_batch(
     ]
     assert all(gap >= took for gap, took in gaps), gaps
     print(f"\n1000 rows swept in batches of 100 in {elapsed:.2f}s (incl. waiting for the relay)")
+
+
+def test_waiting_candidates_are_plain_text_the_cycle_collector_never_walks(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """Candidates wait in memory between passes (tens of thousands at a few thousand events/s):
+    as ``uuid.UUID`` objects they filled the collector's young generation, whose collection then
+    stopped the relay's loop for tens of milliseconds. Text keys are untracked; the pages after
+    the first compare, and the deletes name rows, by casting them back to the key's type."""
+    create_outbox(database)
+    env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
+    events = _events(250, "t")
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, _batches(events, 50))
+        sweeper = Sweeper(_settings(env, sweep_batch_size=100))
+        sweeper.sweep_once()  # selects three pages: the relay has not confirmed past their fence
+        waiting = [i for state in sweeper._tables for b in state.queue._batches for i in b.ids]
+        result = sweeper.sweep_until_done(timeout=20)
+        sweeper.close()
+    finally:
+        relay.close()
+    assert all(type(i) is str and not gc.is_tracked(i) for i in waiting), waiting[:3]
+    assert sorted(map(str, waiting)) == sorted(e.id for e in events)
+    assert sorted(str(i) for b in result.batches for i in b.ids) == sorted(e.id for e in events)
+    assert not _remaining(database)
 
 
 def test_retention_keeps_young_rows(database: str, broker: KafkaBroker, unique: str) -> None:
