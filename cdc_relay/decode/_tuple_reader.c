@@ -1,5 +1,6 @@
 /*
- * One pgoutput TupleData read in one call: the decoder's hot path (every column of every row).
+ * One pgoutput TupleData read in one call: the decoder's hot path (every column of every row),
+ * and the messages of every transaction (Begin, Insert, Commit) straight from their frames.
  *
  * The pure reader in pgoutput.py (_read_tuple_pure) is the reference and the fallback: this one
  * returns exactly what it returns for every well-formed tuple, and None for anything it would not
@@ -11,12 +12,19 @@
  *   and 'b' (binary), an Int32 length and that many bytes (a bytes object); 'n' is None and 'u'
  *   is `unchanged` (the UNCHANGED_TOAST sentinel). Returns the values and the offset after them.
  *
- * read_insert(frame: buffer, offset: int, insert_type: type, unchanged: object) -> Insert | None
- *   A whole Insert message (outside a stream block) read from the frame as received, without
- *   copying it: 'I', Int32 relation id, 'N', then a TupleData as above; trailing bytes ignored,
- *   as PgOutputDecoder.decode does. Returns insert_type(relation_id, values, None) (a tuple
- *   subclass, built as tuple.__new__ builds it), or None for any other message and for anything
- *   malformed: the caller then decodes it the general way, which names the error.
+ * read_message(frame: buffer, offset: int, insert_type: type, begin_type: type,
+ *              commit_type: type, unchanged: object) -> Insert | Begin | Commit | None
+ *   The messages of every transaction (outside a stream block) read from the frame as received,
+ *   without copying it; trailing bytes ignored, as PgOutputDecoder.decode does:
+ *   - Insert: 'I', Int32 relation id, 'N', then a TupleData as above ->
+ *     insert_type(relation_id, values, None);
+ *   - Begin: 'B', UInt64 final LSN, Int64 commit timestamp, UInt32 xid ->
+ *     begin_type(final_lsn, commit_ts, xid);
+ *   - Commit: 'C', UInt8 flags, UInt64 commit LSN, UInt64 end LSN, Int64 commit timestamp ->
+ *     commit_type(flags, commit_lsn, end_lsn, commit_ts).
+ *   Each type a tuple subclass, built as tuple.__new__ builds it. None for any other message and
+ *   for anything malformed or short: the caller then decodes it the general way, which names
+ *   the error.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -125,22 +133,71 @@ read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+static uint64_t
+be64(const unsigned char *p)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < 8; i++) {
+        value = (value << 8) | p[i];
+    }
+    return value;
+}
+
+static unsigned long
+be32(const unsigned char *p)
+{
+    return ((unsigned long)p[0] << 24) | ((unsigned long)p[1] << 16) | ((unsigned long)p[2] << 8)
+           | p[3];
+}
+
+/* A new instance of the tuple subclass `type` holding `items` (stolen; NULL items: failed). */
 static PyObject *
-read_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+new_message(PyTypeObject *type, PyObject **items, Py_ssize_t count)
+{
+    PyObject *message = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == NULL) {
+            goto fail;
+        }
+    }
+    message = type->tp_alloc(type, count);
+    if (message == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyTuple_SET_ITEM(message, i, items[i]);
+    }
+    return message;
+
+fail:
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(items[i]);
+    }
+    return NULL;
+}
+
+static int
+is_tuple_type(PyObject *type)
+{
+    return PyType_Check(type) && PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type);
+}
+
+static PyObject *
+read_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "read_insert(frame, offset, insert_type, unchanged) takes 4 arguments");
+                        "read_message(frame, offset, insert_type, begin_type, commit_type, "
+                        "unchanged) takes 6 arguments");
         return NULL;
     }
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
     if (offset == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    PyTypeObject *type = (PyTypeObject *)args[2];
-    if (!PyType_Check(args[2]) || !PyType_IsSubtype(type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "read_insert: insert_type must be a tuple subclass");
+    if (!is_tuple_type(args[2]) || !is_tuple_type(args[3]) || !is_tuple_type(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "read_message: the message types must be tuple subclasses");
         return NULL;
     }
     Py_buffer view;
@@ -150,37 +207,61 @@ read_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *data = (const unsigned char *)view.buf;
     Py_ssize_t size = view.len;
     PyObject *result = NULL;
-    if (offset < 0 || size - offset < 6 || data[offset] != 'I'
-        || data[offset + 5] != 'N') {
+    if (offset < 0 || offset >= size) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    unsigned long relation = ((unsigned long)data[offset + 1] << 24)
-                             | ((unsigned long)data[offset + 2] << 16)
-                             | ((unsigned long)data[offset + 3] << 8) | data[offset + 4];
-    Py_ssize_t pos = offset + 6;
-    PyObject *values = read_values(data, size, &pos, args[3]);
-    if (values == NULL) {
-        if (!PyErr_Occurred()) {
+    const unsigned char *p = data + offset + 1; /* after the type byte */
+    Py_ssize_t left = size - offset - 1;
+    switch (data[offset]) {
+    case 'I': {
+        if (left < 5 || p[4] != 'N') {
             result = Py_NewRef(Py_None);
+            goto done;
         }
-        goto done;
+        Py_ssize_t pos = offset + 6;
+        PyObject *values = read_values(data, size, &pos, args[5]);
+        if (values == NULL) {
+            if (!PyErr_Occurred()) {
+                result = Py_NewRef(Py_None);
+            }
+            goto done;
+        }
+        PyObject *items[3] = {PyLong_FromUnsignedLong(be32(p)), values, Py_NewRef(Py_None)};
+        /* xid: only inside a stream block */
+        result = new_message((PyTypeObject *)args[2], items, 3);
+        break;
     }
-    PyObject *relation_id = PyLong_FromUnsignedLong(relation);
-    if (relation_id == NULL) {
-        Py_DECREF(values);
-        goto done;
+    case 'B': {
+        if (left < 20) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *items[3] = {
+            PyLong_FromUnsignedLongLong(be64(p)),
+            PyLong_FromLongLong((long long)be64(p + 8)),
+            PyLong_FromUnsignedLong(be32(p + 16)),
+        };
+        result = new_message((PyTypeObject *)args[3], items, 3);
+        break;
     }
-    PyObject *insert = type->tp_alloc(type, 3);
-    if (insert == NULL) {
-        Py_DECREF(values);
-        Py_DECREF(relation_id);
-        goto done;
+    case 'C': {
+        if (left < 25) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *items[4] = {
+            PyLong_FromLong(p[0]),
+            PyLong_FromUnsignedLongLong(be64(p + 1)),
+            PyLong_FromUnsignedLongLong(be64(p + 9)),
+            PyLong_FromLongLong((long long)be64(p + 17)),
+        };
+        result = new_message((PyTypeObject *)args[4], items, 4);
+        break;
     }
-    PyTuple_SET_ITEM(insert, 0, relation_id);
-    PyTuple_SET_ITEM(insert, 1, values);
-    PyTuple_SET_ITEM(insert, 2, Py_NewRef(Py_None)); /* xid: only inside a stream block */
-    result = insert;
+    default:
+        result = Py_NewRef(Py_None);
+    }
 
 done:
     PyBuffer_Release(&view);
@@ -190,8 +271,9 @@ done:
 static PyMethodDef methods[] = {
     {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,
      "read_tuple(buf, pos, unchanged) -> (values, end) | None: one pgoutput TupleData."},
-    {"read_insert", (PyCFunction)(void (*)(void))read_insert, METH_FASTCALL,
-     "read_insert(frame, offset, insert_type, unchanged) -> Insert | None: one pgoutput Insert."},
+    {"read_message", (PyCFunction)(void (*)(void))read_message, METH_FASTCALL,
+     "read_message(frame, offset, insert_type, begin_type, commit_type, unchanged) -> "
+     "Insert | Begin | Commit | None: one pgoutput message of those kinds."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -205,7 +287,8 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cdc_relay.decode._tuple_reader",
-    .m_doc = "One pgoutput TupleData, or Insert, read in one call (pgoutput.py is the reference).",
+    .m_doc = "One pgoutput TupleData, or Insert, Begin or Commit, read in one call (pgoutput.py "
+              "is the reference).",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

@@ -1,12 +1,18 @@
 """Types of the optional C tuple reader (``_tuple_reader.c``; ``pgoutput.py`` is its reference)."""
 
-from cdc_relay.decode.messages import Insert, TupleData, UnchangedToast
+from cdc_relay.decode.messages import Begin, Commit, Insert, TupleData, UnchangedToast
 
 def read_tuple(buf: bytes, pos: int, unchanged: UnchangedToast, /) -> tuple[TupleData, int] | None:
     """One TupleData from ``buf[pos:]`` and the offset after it; None when malformed."""
 
-def read_insert(
-    frame: bytes | memoryview, offset: int, insert_type: type[Insert], unchanged: UnchangedToast, /
-) -> Insert | None:
-    """The Insert message at ``frame[offset:]`` (outside a stream block); None for any other
-    message and for anything malformed."""
+def read_message(
+    frame: bytes | memoryview,
+    offset: int,
+    insert_type: type[Insert],
+    begin_type: type[Begin],
+    commit_type: type[Commit],
+    unchanged: UnchangedToast,
+    /,
+) -> Insert | Begin | Commit | None:
+    """The Insert, Begin or Commit message at ``frame[offset:]`` (outside a stream block); None
+    for any other message and for anything malformed."""

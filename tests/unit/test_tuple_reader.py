@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
 from cdc_relay.decode import pgoutput
-from cdc_relay.decode.messages import UNCHANGED_TOAST, Insert
+from cdc_relay.decode.messages import UNCHANGED_TOAST, Begin, Commit, Insert
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 
 PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
@@ -125,13 +125,18 @@ def test_the_decoder_uses_it_unless_pure_python_is_asked_for() -> None:
     assert message.new == (b"x", UNCHANGED_TOAST)  # type: ignore[union-attr]
 
 
-def read_insert_c(frame: bytes, offset: int) -> Any:
-    """What PgOutputDecoder.decode_xlog does with the C reader: its Insert, or decode's verdict."""
-    found = READER.read_insert(memoryview(frame), offset, Insert, UNCHANGED_TOAST)
+def read_message(frame: bytes | bytearray | memoryview | str, offset: int) -> Any:
+    """The C reader of Insert, Begin and Commit frames, with the decoder's message types."""
+    return READER.read_message(frame, offset, Insert, Begin, Commit, UNCHANGED_TOAST)
+
+
+def read_message_c(frame: bytes, offset: int) -> Any:
+    """What PgOutputDecoder.decode_xlog does with the C reader: its message, or decode's verdict."""
+    found = read_message(memoryview(frame), offset)
     return found if found is not None else PgOutputDecoder().decode(frame[offset:])
 
 
-def read_insert_pure(frame: bytes, offset: int) -> Any:
+def read_message_pure(frame: bytes, offset: int) -> Any:
     return PgOutputDecoder().decode(frame[offset:])
 
 
@@ -153,8 +158,8 @@ def test_well_formed_inserts_read_the_same(
     after it ignored) is exactly the message the reference decoder returns, of the same type."""
     body = struct.pack(">H", len(columns)) + b"".join(column(k, v) for k, v in columns)
     frame = header + insert(relation_id, b"N", body) + after
-    found = READER.read_insert(memoryview(frame), len(header), Insert, UNCHANGED_TOAST)
-    expected = read_insert_pure(frame, len(header))
+    found = read_message(memoryview(frame), len(header))
+    expected = read_message_pure(frame, len(header))
     assert found == expected
     assert type(found) is Insert
     assert found.relation_id == relation_id
@@ -168,6 +173,8 @@ _MESSAGES = st.one_of(
     ).map(lambda m: insert(*m)),
     st.binary(max_size=30),
     st.sampled_from([b"I", b"B" + bytes(20), b"C" + bytes(25)]),
+    st.tuples(st.just(b"B"), st.binary(min_size=20, max_size=20)).map(b"".join),
+    st.tuples(st.just(b"C"), st.binary(min_size=25, max_size=25)).map(b"".join),
 )
 
 
@@ -179,28 +186,44 @@ def test_any_message_decodes_the_same_or_fails_the_same(
     """Any message, not only an Insert, malformed ones included (a bad marker, a tuple that lies,
     truncation, an offset past the end): the same message or the same error as the reference."""
     frame = b"w" * offset + (message + b"".join(parts))[: max(len(message) + 8 - cut, 0)]
-    assert outcome(read_insert_c, frame, offset) == outcome(read_insert_pure, frame, offset)
-    assert READER.read_insert(frame, len(frame) + 1, Insert, UNCHANGED_TOAST) is None
+    assert outcome(read_message_c, frame, offset) == outcome(read_message_pure, frame, offset)
+    found = outcome(read_message_c, frame, offset)
+    assert type(found) is type(outcome(read_message_pure, frame, offset))
+    assert read_message(frame, len(frame) + 1) is None
+    assert read_message(frame, len(frame)) is None
 
 
-def test_read_insert_takes_a_buffer_and_a_tuple_type() -> None:
+def test_read_message_takes_a_buffer_and_tuple_types() -> None:
     frame = insert(7, b"N", struct.pack(">H", 1) + column("t", b"x"))
-    assert READER.read_insert(frame, 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
-    assert READER.read_insert(bytearray(frame), 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
+    assert read_message(frame, 0) == (7, (b"x",), None)
+    assert read_message(bytearray(frame), 0) == (7, (b"x",), None)
     with pytest.raises(TypeError):
-        READER.read_insert("I", 0, Insert, UNCHANGED_TOAST)
+        read_message("I", 0)
+    for types in ((dict, Begin, Commit), (Insert, dict, Commit), (Insert, Begin, dict)):
+        with pytest.raises(TypeError):
+            READER.read_message(frame, 0, *types, UNCHANGED_TOAST)
     with pytest.raises(TypeError):
-        READER.read_insert(frame, 0, dict, UNCHANGED_TOAST)
-    with pytest.raises(TypeError):
-        READER.read_insert(frame, 0, Insert)
-    assert READER.read_insert(frame, -1, Insert, UNCHANGED_TOAST) is None
+        READER.read_message(frame, 0, Insert, Begin, Commit)
+    assert read_message(frame, -1) is None
+
+
+def test_begin_and_commit_are_read_whole_from_the_frame() -> None:
+    """The largest values of each field, signed and unsigned as the reference reads them."""
+    begin = b"w" * 25 + b"B" + struct.pack(">QqI", 2**64 - 1, -(2**63), 2**32 - 1) + b"tail"
+    commit = b"w" * 25 + b"C" + struct.pack(">BQQq", 255, 2**64 - 1, 2**63, -1)
+    for frame in (begin, commit):
+        found = read_message(memoryview(frame), 25)
+        assert found == read_message_pure(frame, 25)
+        assert type(found) is type(read_message_pure(frame, 25))
+    assert read_message(begin[:45], 25) is None  # one byte short: the reference names the error
+    assert read_message(commit[:50], 25) is None
 
 
 def test_the_decoder_reads_inserts_from_the_frame_unless_pure_python_is_asked_for() -> None:
     import os  # noqa: PLC0415
 
     pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
-    assert (vars(pgoutput)["_READ_INSERT"] is None) == pure
+    assert (vars(pgoutput)["_READ_MESSAGE"] is None) == pure
     frame = b"w" * 25 + insert(7, b"N", struct.pack(">H", 2) + column("t", b"x") + b"n")
     (message,) = PgOutputDecoder().decode_xlog(memoryview(frame))
     assert message == Insert(7, (b"x", None), None)
