@@ -69,6 +69,7 @@ from cdc_relay.poison import DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
+    BoundRecord,
     DeliveryCallback,
     DeliveryTracker,
     ProduceRefused,
@@ -93,8 +94,18 @@ from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+
+# A record's BoundRecord bound to its delivery callback: types.MethodType, or the same from the C
+# helper where it is built (without the type call's argument tuple; cdc_relay._hot_path).
+_Binder = Callable[[TransactionCallback, BoundRecord], DeliveryCallback]
+try:
+    from cdc_relay.decode._tuple_reader import bind as _c_bind
+
+    _binder: _Binder = _c_bind
+except ImportError:
+    _binder = MethodType
 # Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
-_bind: Final = MethodType  # a record's BoundRecord to its delivery callback
+_bind: Final = _binder
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 # The wait while records are in flight: their acknowledgements are served only by polling the

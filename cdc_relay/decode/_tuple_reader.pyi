@@ -1,5 +1,9 @@
 """Types of the optional C tuple reader (``_tuple_reader.c``; ``pgoutput.py`` is its reference)."""
 
+from collections.abc import Callable
+from types import MethodType
+from typing import Any
+
 from cdc_relay.decode.messages import Begin, Commit, Insert, TupleData, UnchangedToast
 
 def read_tuple(buf: bytes, pos: int, unchanged: UnchangedToast, /) -> tuple[TupleData, int] | None:
@@ -16,3 +20,6 @@ def read_message(
 ) -> Insert | Begin | Commit | None:
     """The Insert, Begin or Commit message at ``frame[offset:]`` (outside a stream block); None
     for any other message and for anything malformed."""
+
+def bind(function: Callable[..., Any], obj: object, /) -> MethodType:
+    """``types.MethodType(function, obj)``, without the type call's argument tuple."""

@@ -238,3 +238,30 @@ def test_inside_a_stream_block_an_insert_carries_its_xid() -> None:
     body = struct.pack(">H", 1) + column("t", b"x")
     frame = b"w" * 25 + b"I" + struct.pack(">IIB", 99, 7, 0x4E) + body
     assert decoder.decode_xlog(memoryview(frame)) == (Insert(7, (b"x",), 99),)
+
+
+def test_bind_is_method_type() -> None:
+    """The session binds every record's BoundRecord with it: a bound method, as MethodType makes,
+    refusing what MethodType refuses."""
+    from types import MethodType  # noqa: PLC0415
+
+    from cdc_relay import session  # noqa: PLC0415
+
+    def callback(record: object, err: object, msg: object) -> tuple[object, ...]:
+        return record, err, msg
+
+    record = ("txn", "public.outbox", "topic", [("id", b"1")])
+    bound = READER.bind(callback, record)
+    assert type(bound) is MethodType
+    assert bound == MethodType(callback, record)
+    assert bound.__self__ is record
+    assert bound(None, "msg") == (record, None, "msg")
+    for arguments in ((1, record), (callback, None), (callback,)):
+        with pytest.raises(TypeError):
+            READER.bind(*arguments)
+        with pytest.raises(TypeError):
+            MethodType(*arguments)
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    assert (vars(session)["_bind"] is MethodType) == pure
