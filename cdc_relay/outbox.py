@@ -54,6 +54,18 @@ RecordFields = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, byt
 TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 
+# The plain mapping of an ordinary row in one C call, where the extension is built (None for any
+# other row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
+_FastFields = Callable[
+    [TupleData, "tuple[int | str, ...]", "dict[tuple[bytes, bytes], str]"], "RecordFields | None"
+]
+try:
+    from cdc_relay.decode._tuple_reader import record_fields as _c_record_fields
+
+    _fast_fields: _FastFields | None = _c_record_fields
+except ImportError:
+    _fast_fields = None
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping subclasses it, interpreted
 class OutboxMapping:
@@ -110,6 +122,26 @@ class OutboxMapping:
             self._payload_type = relation.columns[payload_index].type_oid
             if self._payload_type not in _JSON_OIDS:
                 self.map = self.map_fields = self._map_converted
+                return
+        if (
+            not self.missing
+            and not self._has_overrides
+            and self._traceparent is None
+            and self._span_context is None
+        ):
+            headers = -1 if self._headers is None else self._headers
+            self._fast_spec: tuple[int | str, ...] = (
+                self._id, self._aggregate_type, self._aggregate_id, self._event_type,
+                self._payload, headers, "id", "event_type", "aggregate_type",
+            )  # fmt: skip
+            if _fast_fields is not None:
+                self._fast_fields = _fast_fields
+                self.map_fields = self._record_fields_fast
+
+    def _record_fields_fast(self, row: TupleData) -> RecordFields:
+        """:meth:`_record_fields` of an ordinary row in one C call; any other row, the reference."""
+        found = self._fast_fields(row, self._fast_spec, self._topics)
+        return found if found is not None else self._record_fields(row)
 
     def _map_converted(self, row: TupleData) -> OutboxRecord:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""

@@ -26,6 +26,16 @@
  *   for anything malformed or short: the caller then decodes it the general way, which names
  *   the error.
  *
+ * record_fields(row: tuple, spec: tuple, topics: dict) -> tuple | None
+ *   The plain outbox mapping of an ordinary row (cdc_relay.outbox.OutboxMapping._record_fields is
+ *   the reference): spec is (id, aggregate_type, aggregate_id, event_type, payload, headers or -1,
+ *   "id", "event_type", "aggregate_type"), the columns' positions then the header names; topics
+ *   the mapping's topic cache by (aggregate_type, event_type). Returns (topic, key, value,
+ *   headers, event_id, None) when the five columns are bytes, the id is UTF-8, the headers
+ *   column is absent or not bytes, and the topic is cached; None for anything else (a row that is
+ *   not a tuple too), and the
+ *   reference then maps the row (or says what is wrong with it).
+ *
  * bind(function: callable, obj: object) -> method
  *   types.MethodType(function, obj), without the type call's argument tuple: every record binds
  *   its (transaction, table, topic, headers) to its delivery callback (cdc_relay.session).
@@ -272,6 +282,95 @@ done:
     return result;
 }
 
+#define SPEC_SIZE 9
+
+static PyObject *
+record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != SPEC_SIZE
+        || !PyDict_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "record_fields(row: tuple, spec: tuple, topics: dict)");
+        return NULL;
+    }
+    PyObject *row = args[0];
+    if (!PyTuple_CheckExact(row)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *spec = args[1];
+    Py_ssize_t size = PyTuple_GET_SIZE(row);
+    PyObject *columns[5];
+    for (int i = 0; i < 5; i++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, i));
+        if (index == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (index < 0 || index >= size || !PyBytes_CheckExact(PyTuple_GET_ITEM(row, index))) {
+            Py_RETURN_NONE;
+        }
+        columns[i] = PyTuple_GET_ITEM(row, index);
+    }
+    PyObject *raw_id = columns[0], *aggregate_type = columns[1], *aggregate_id = columns[2];
+    PyObject *event_type = columns[3], *payload = columns[4];
+    Py_ssize_t headers_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
+    if (headers_index == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (headers_index >= 0
+        && (headers_index >= size || PyBytes_CheckExact(PyTuple_GET_ITEM(row, headers_index)))) {
+        Py_RETURN_NONE; /* entries to parse, or a row shorter than its relation */
+    }
+    PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *topic = PyDict_GetItemWithError(args[2], key); /* borrowed */
+    Py_DECREF(key);
+    if (topic == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE; /* not cached yet: the reference makes it */
+    }
+    PyObject *event_id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw_id), PyBytes_GET_SIZE(raw_id),
+                                              "strict");
+    if (event_id == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    PyObject *headers = PyList_New(3);
+    if (headers == NULL) {
+        Py_DECREF(event_id);
+        return NULL;
+    }
+    PyObject *values[3] = {raw_id, event_type, aggregate_type};
+    for (int i = 0; i < 3; i++) {
+        PyObject *header = PyTuple_Pack(2, PyTuple_GET_ITEM(spec, 6 + i), values[i]);
+        if (header == NULL) {
+            Py_DECREF(headers);
+            Py_DECREF(event_id);
+            return NULL;
+        }
+        PyList_SET_ITEM(headers, i, header);
+    }
+    PyObject *record = PyTuple_New(6);
+    if (record == NULL) {
+        Py_DECREF(headers);
+        Py_DECREF(event_id);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(topic));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(aggregate_id));
+    PyTuple_SET_ITEM(record, 2, Py_NewRef(payload));
+    PyTuple_SET_ITEM(record, 3, headers);
+    PyTuple_SET_ITEM(record, 4, event_id);
+    PyTuple_SET_ITEM(record, 5, Py_NewRef(Py_None));
+    return record;
+}
+
 static PyObject *
 bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -293,6 +392,9 @@ bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef methods[] = {
+    {"record_fields", (PyCFunction)(void (*)(void))record_fields, METH_FASTCALL,
+     "record_fields(row, spec, topics) -> tuple | None: the plain outbox mapping of an "
+     "ordinary row."},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(function, obj) -> method: types.MethodType(function, obj), cheaper."},
     {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,

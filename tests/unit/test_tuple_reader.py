@@ -9,8 +9,10 @@ decoder from using it): every tier tests it. setup.py builds it wherever a compi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,8 +23,17 @@ from hypothesis import strategies as st
 
 from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
 from cdc_relay.decode import pgoutput
-from cdc_relay.decode.messages import UNCHANGED_TOAST, Begin, Commit, Insert
+from cdc_relay.decode.messages import (
+    UNCHANGED_TOAST,
+    Begin,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+)
 from cdc_relay.decode.pgoutput import PgOutputDecoder
+from cdc_relay.outbox import OutboxMapping
+from cdc_relay.value_text import MalformedEvent
 
 PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
 NAME = "cdc_relay.decode._tuple_reader"
@@ -265,3 +276,85 @@ def test_bind_is_method_type() -> None:
 
     pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
     assert (vars(session)["_bind"] is MethodType) == pure
+
+
+def _outbox_relation(columns: tuple[str, ...]) -> Relation:
+    types = {"id": 2950, "payload": 3802, "headers": 3802}
+    return Relation(
+        1,
+        "public",
+        "outbox",
+        "d",
+        tuple(RelationColumn(0, name, types.get(name, 25), -1) for name in columns),
+        None,
+    )
+
+
+_PLAIN = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at")
+_VALUES = st.one_of(
+    st.binary(max_size=6),
+    st.sampled_from([b"order", b"\xff\xfe", b"caf\xc3\xa9", b"\xc3", b"", None, UNCHANGED_TOAST]),
+)
+
+
+def mapped(mapping: Callable[[Any], Any], row: Any) -> object:
+    try:
+        return mapping(row)
+    except Exception as exc:
+        return (type(exc), str(exc), getattr(exc, "event_id", None))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.sampled_from([_PLAIN, _PLAIN[:5], ("payload", "event_type", "id", "aggregate_id",
+                                          "aggregate_type", "headers")]),
+    st.lists(_VALUES, min_size=4, max_size=8).map(tuple),
+    st.booleans(),
+    st.booleans(),
+)  # fmt: skip
+def test_the_plain_mapping_maps_every_row_as_its_reference(
+    columns: tuple[str, ...], row: tuple[Any, ...], as_list: bool, prime: bool
+) -> None:
+    """The plain mapping of a row in one C call (record_fields, anything unusual left to the
+    reference: NULL or unchanged columns, a short row, an id that is not UTF-8, a headers column
+    to parse, a topic not cached yet, a row that is not a tuple) maps every row exactly as
+    OutboxMapping._record_fields does, or fails the same way; the topic cache filled or not."""
+    mapping = OutboxMapping(_outbox_relation(columns), "outbox.{aggregate_type}.{event_type}")
+    fast = READER.record_fields
+    spec = mapping._fast_spec
+    data: Any = list(row) if as_list else row
+    if prime:  # the row's topic cached by an earlier row of the same types, whatever this one holds
+        types = [
+            row[i] if len(row) > i else None
+            for i in (columns.index("aggregate_type"), columns.index("event_type"))
+        ]
+        aggregate_type, event_type = types
+        if isinstance(aggregate_type, bytes) and isinstance(event_type, bytes):
+            with contextlib.suppress(MalformedEvent):
+                mapping._topic(aggregate_type, event_type)
+    for _ in range(2):  # the first maps with the cache as it was, the second with it filled
+        expected = mapped(mapping._record_fields, data)
+        assert mapped(mapping.map_fields, data) == expected
+        found = fast(data, spec, mapping._topics)
+        if found is not None:
+            assert found == expected
+            assert [type(v) for v in found] == [type(v) for v in expected]  # type: ignore[attr-defined]
+
+
+def test_the_plain_mapping_uses_it_unless_pure_python_is_asked_for() -> None:
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    mapping = OutboxMapping(_outbox_relation(_PLAIN), "outbox.event.{aggregate_type}")
+    row = (b"e-1", b"order", b"o-1", b"created", b"{}", None, b"now")
+    assert mapping.map_fields(row) == mapping._record_fields(row)
+    uses_c = mapping.map_fields.__func__ is OutboxMapping._record_fields_fast  # type: ignore[attr-defined]
+    assert uses_c != pure
+    assert READER.record_fields(row, mapping._fast_spec, mapping._topics) == (
+        "outbox.event.order", b"o-1", b"{}",
+        [("id", b"e-1"), ("event_type", b"created"), ("aggregate_type", b"order")], "e-1", None,
+    )  # fmt: skip
+    with pytest.raises(TypeError):
+        READER.record_fields(row, (), mapping._topics)
+    with pytest.raises(TypeError):
+        READER.record_fields(row, mapping._fast_spec, [])
