@@ -57,7 +57,8 @@ DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 # The plain mapping of an ordinary row in one C call, where the extension is built (None for any
 # other row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
 _FastFields = Callable[
-    [TupleData, "tuple[int | str, ...]", "dict[tuple[bytes, bytes], str]"], "RecordFields | None"
+    [TupleData, "tuple[int | str, ...]", "dict[tuple[bytes, bytes], str]", "list[object]"],
+    "RecordFields | None",
 ]
 try:
     from cdc_relay.decode._tuple_reader import record_fields as _c_record_fields
@@ -134,13 +135,15 @@ class OutboxMapping:
                 self._id, self._aggregate_type, self._aggregate_id, self._event_type,
                 self._payload, headers, "id", "event_type", "aggregate_type",
             )  # fmt: skip
+            # The last (aggregate_type, event_type, topic) found in the cache, for the C call.
+            self._last_topic: list[object] = [None, None, None]
             if _fast_fields is not None:
                 self._fast_fields = _fast_fields
                 self.map_fields = self._record_fields_fast
 
     def _record_fields_fast(self, row: TupleData) -> RecordFields:
         """:meth:`_record_fields` of an ordinary row in one C call; any other row, the reference."""
-        found = self._fast_fields(row, self._fast_spec, self._topics)
+        found = self._fast_fields(row, self._fast_spec, self._topics, self._last_topic)
         return found if found is not None else self._record_fields(row)
 
     def _map_converted(self, row: TupleData) -> OutboxRecord:

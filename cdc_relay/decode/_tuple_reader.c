@@ -26,11 +26,13 @@
  *   for anything malformed or short: the caller then decodes it the general way, which names
  *   the error.
  *
- * record_fields(row: tuple, spec: tuple, topics: dict) -> tuple | None
+ * record_fields(row: tuple, spec: tuple, topics: dict, last: list) -> tuple | None
  *   The plain outbox mapping of an ordinary row (cdc_relay.outbox.OutboxMapping._record_fields is
  *   the reference): spec is (id, aggregate_type, aggregate_id, event_type, payload, headers or -1,
  *   "id", "event_type", "aggregate_type"), the columns' positions then the header names; topics
- *   the mapping's topic cache by (aggregate_type, event_type). Returns (topic, key, value,
+ *   the mapping's topic cache by (aggregate_type, event_type); last the mapping's list
+ *   [aggregate_type, event_type, topic] of the last topic found there (read first: consecutive
+ *   rows mostly share their types, and two comparisons cost less than hashing them). Returns (topic, key, value,
  *   headers, event_id, None) when the five columns are bytes, the id is UTF-8, the headers
  *   column is absent or not bytes, and the topic is cached; None for anything else (a row that is
  *   not a tuple too), and the
@@ -43,6 +45,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /*
  * The values of the TupleData at data[*pos_p:] as a new tuple, *pos_p moved past it. NULL with no
@@ -284,13 +287,30 @@ done:
 
 #define SPEC_SIZE 9
 
+/* Whether `known` is a bytes object equal to the bytes object `value`. */
+static int
+same_bytes(PyObject *known, PyObject *value)
+{
+    if (known == value) {
+        return 1;
+    }
+    if (!PyBytes_CheckExact(known)) {
+        return 0;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(value);
+    return PyBytes_GET_SIZE(known) == size
+           && memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(value), (size_t)size) == 0;
+}
+
 static PyObject *
 record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != SPEC_SIZE
-        || !PyDict_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "record_fields(row: tuple, spec: tuple, topics: dict)");
+    if (nargs != 4 || !PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != SPEC_SIZE
+        || !PyDict_CheckExact(args[2]) || !PyList_CheckExact(args[3])
+        || PyList_GET_SIZE(args[3]) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_fields(row: tuple, spec: tuple, topics: dict, last: list of 3)");
         return NULL;
     }
     PyObject *row = args[0];
@@ -320,17 +340,33 @@ record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         && (headers_index >= size || PyBytes_CheckExact(PyTuple_GET_ITEM(row, headers_index)))) {
         Py_RETURN_NONE; /* entries to parse, or a row shorter than its relation */
     }
-    PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
-    if (key == NULL) {
-        return NULL;
+    PyObject *last = args[3];
+    PyObject *topic; /* borrowed */
+    if (same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
+        && same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
+        topic = PyList_GET_ITEM(last, 2);
     }
-    PyObject *topic = PyDict_GetItemWithError(args[2], key); /* borrowed */
-    Py_DECREF(key);
-    if (topic == NULL) {
-        if (PyErr_Occurred()) {
+    else {
+        PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
+        if (key == NULL) {
             return NULL;
         }
-        Py_RETURN_NONE; /* not cached yet: the reference makes it */
+        topic = PyDict_GetItemWithError(args[2], key);
+        Py_DECREF(key);
+        if (topic == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            Py_RETURN_NONE; /* not cached yet: the reference makes it */
+        }
+        PyObject *entry[3] = {aggregate_type, event_type, topic};
+        for (int i = 0; i < 3; i++) {
+            /* PyList_SetItem steals the new reference and releases the old item */
+            if (PyList_SetItem(last, i, Py_NewRef(entry[i])) < 0) {
+                return NULL;
+            }
+        }
+        topic = PyList_GET_ITEM(last, 2);
     }
     PyObject *event_id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw_id), PyBytes_GET_SIZE(raw_id),
                                               "strict");

@@ -25,7 +25,11 @@ def bind(function: Callable[..., Any], obj: object, /) -> MethodType:
     """``types.MethodType(function, obj)``, without the type call's argument tuple."""
 
 def record_fields(
-    row: TupleData, spec: tuple[int | str, ...], topics: dict[tuple[bytes, bytes], str], /
+    row: TupleData,
+    spec: tuple[int | str, ...],
+    topics: dict[tuple[bytes, bytes], str],
+    last: list[object],
+    /,
 ) -> tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, bytes | None] | None:
     """The plain outbox mapping of an ordinary row (``OutboxMapping._record_fields`` is the
     reference); None for any other row."""

@@ -323,6 +323,9 @@ def test_the_plain_mapping_maps_every_row_as_its_reference(
     fast = READER.record_fields
     spec = mapping._fast_spec
     data: Any = list(row) if as_list else row
+    other = {"aggregate_type": b"other", "event_type": b"kind", "payload": b"{}", "headers": None}
+    for _ in range(2):  # another row's types and topic remembered as the last ones found
+        mapping.map_fields(tuple(other.get(name, b"x") for name in columns))
     if prime:  # the row's topic cached by an earlier row of the same types, whatever this one holds
         types = [
             row[i] if len(row) > i else None
@@ -335,7 +338,7 @@ def test_the_plain_mapping_maps_every_row_as_its_reference(
     for _ in range(2):  # the first maps with the cache as it was, the second with it filled
         expected = mapped(mapping._record_fields, data)
         assert mapped(mapping.map_fields, data) == expected
-        found = fast(data, spec, mapping._topics)
+        found = fast(data, spec, mapping._topics, mapping._last_topic)
         if found is not None:
             assert found == expected
             assert [type(v) for v in found] == [type(v) for v in expected]  # type: ignore[attr-defined]
@@ -350,11 +353,16 @@ def test_the_plain_mapping_uses_it_unless_pure_python_is_asked_for() -> None:
     assert mapping.map_fields(row) == mapping._record_fields(row)
     uses_c = mapping.map_fields.__func__ is OutboxMapping._record_fields_fast  # type: ignore[attr-defined]
     assert uses_c != pure
-    assert READER.record_fields(row, mapping._fast_spec, mapping._topics) == (
+    assert READER.record_fields(row, mapping._fast_spec, mapping._topics, [None] * 3) == (
         "outbox.event.order", b"o-1", b"{}",
         [("id", b"e-1"), ("event_type", b"created"), ("aggregate_type", b"order")], "e-1", None,
     )  # fmt: skip
-    with pytest.raises(TypeError):
-        READER.record_fields(row, (), mapping._topics)
-    with pytest.raises(TypeError):
-        READER.record_fields(row, mapping._fast_spec, [])
+    arguments: tuple[Any, ...]
+    for arguments in (
+        (row, (), mapping._topics, [None] * 3),
+        (row, mapping._fast_spec, [], [None] * 3),
+        (row, mapping._fast_spec, mapping._topics, []),
+        (row, mapping._fast_spec, mapping._topics),
+    ):
+        with pytest.raises(TypeError):
+            READER.record_fields(*arguments)
