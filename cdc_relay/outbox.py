@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Final, NamedTuple, NoReturn
+from functools import partial
+from typing import Final, NamedTuple, NoReturn, cast
 
 import orjson
 from mypy_extensions import mypyc_attr
@@ -54,10 +55,16 @@ RecordFields = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, byt
 TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 
-# The plain mapping of an ordinary row in one C call, where the extension is built (None for any
-# other row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
+# The plain mapping of an ordinary row in one C call, where the extension is built (any other
+# row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
 _FastFields = Callable[
-    [TupleData, "tuple[int | str, ...]", "dict[tuple[bytes, bytes], str]", "list[object]"],
+    [
+        "tuple[int | str, ...]",
+        "dict[tuple[bytes, bytes], str]",
+        "list[object]",
+        "Callable[[TupleData], RecordFields] | None",
+        TupleData,
+    ],
     "RecordFields | None",
 ]
 try:
@@ -138,13 +145,14 @@ class OutboxMapping:
             # The last (aggregate_type, event_type, topic) found in the cache, for the C call.
             self._last_topic: list[object] = [None, None, None]
             if _fast_fields is not None:
-                self._fast_fields = _fast_fields
-                self.map_fields = self._record_fields_fast
-
-    def _record_fields_fast(self, row: TupleData) -> RecordFields:
-        """:meth:`_record_fields` of an ordinary row in one C call; any other row, the reference."""
-        found = self._fast_fields(row, self._fast_spec, self._topics, self._last_topic)
-        return found if found is not None else self._record_fields(row)
+                # _record_fields of an ordinary row in one C call, the reference for any other;
+                # bound by partial, so no Python frame runs per row (a cycle: the mapping lives
+                # as long as its relation, and the collector frees it after).
+                self.map_fields = cast(
+                    "Callable[[TupleData], RecordFields]",
+                    partial(_fast_fields, self._fast_spec, self._topics, self._last_topic,
+                            self._record_fields),
+                )  # fmt: skip
 
     def _map_converted(self, row: TupleData) -> OutboxRecord:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""

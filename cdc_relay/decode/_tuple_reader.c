@@ -26,17 +26,19 @@
  *   for anything malformed or short: the caller then decodes it the general way, which names
  *   the error.
  *
- * record_fields(row: tuple, spec: tuple, topics: dict, last: list) -> tuple | None
+ * record_fields(spec: tuple, topics: dict, last: list, reference: callable | None, row: tuple)
+ *     -> tuple | None
  *   The plain outbox mapping of an ordinary row (cdc_relay.outbox.OutboxMapping._record_fields is
- *   the reference): spec is (id, aggregate_type, aggregate_id, event_type, payload, headers or -1,
+ *   the reference, and what is called for any other row when given: the mapping binds the first
+ *   four arguments with functools.partial, no Python frame per row): spec is (id, aggregate_type, aggregate_id, event_type, payload, headers or -1,
  *   "id", "event_type", "aggregate_type"), the columns' positions then the header names; topics
  *   the mapping's topic cache by (aggregate_type, event_type); last the mapping's list
  *   [aggregate_type, event_type, topic] of the last topic found there (read first: consecutive
  *   rows mostly share their types, and two comparisons cost less than hashing them). Returns (topic, key, value,
  *   headers, event_id, None) when the five columns are bytes, the id is UTF-8, the headers
- *   column is absent or not bytes, and the topic is cached; None for anything else (a row that is
- *   not a tuple too), and the
- *   reference then maps the row (or says what is wrong with it).
+ *   column is absent or not bytes, and the topic is cached; for anything else (a row that is not
+ *   a tuple too), reference(row), which maps the row or says what is wrong with it (None without
+ *   a reference).
  *
  * bind(function: callable, obj: object) -> method
  *   types.MethodType(function, obj), without the type call's argument tuple: every record binds
@@ -302,17 +304,10 @@ same_bytes(PyObject *known, PyObject *value)
            && memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(value), (size_t)size) == 0;
 }
 
+/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
 static PyObject *
-record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+plain_record(PyObject *const *args)
 {
-    (void)module;
-    if (nargs != 4 || !PyTuple_CheckExact(args[1]) || PyTuple_GET_SIZE(args[1]) != SPEC_SIZE
-        || !PyDict_CheckExact(args[2]) || !PyList_CheckExact(args[3])
-        || PyList_GET_SIZE(args[3]) != 3) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_fields(row: tuple, spec: tuple, topics: dict, last: list of 3)");
-        return NULL;
-    }
     PyObject *row = args[0];
     if (!PyTuple_CheckExact(row)) {
         Py_RETURN_NONE;
@@ -408,6 +403,27 @@ record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != SPEC_SIZE
+        || !PyDict_CheckExact(args[1]) || !PyList_CheckExact(args[2])
+        || PyList_GET_SIZE(args[2]) != 3 || (args[3] != Py_None && !PyCallable_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_fields(spec: tuple, topics: dict, last: list of 3, "
+                        "reference: callable | None, row)");
+        return NULL;
+    }
+    PyObject *inner[4] = {args[4], args[0], args[1], args[2]};
+    PyObject *record = plain_record(inner);
+    if (record == Py_None && args[3] != Py_None) {
+        Py_DECREF(record);
+        return PyObject_CallOneArg(args[3], args[4]);
+    }
+    return record;
+}
+
+static PyObject *
 bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -429,8 +445,8 @@ bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"record_fields", (PyCFunction)(void (*)(void))record_fields, METH_FASTCALL,
-     "record_fields(row, spec, topics) -> tuple | None: the plain outbox mapping of an "
-     "ordinary row."},
+     "record_fields(spec, topics, last, reference, row) -> tuple | None: the plain outbox "
+     "mapping of an ordinary row."},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(function, obj) -> method: types.MethodType(function, obj), cheaper."},
     {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,

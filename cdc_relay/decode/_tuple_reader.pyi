@@ -24,12 +24,15 @@ def read_message(
 def bind(function: Callable[..., Any], obj: object, /) -> MethodType:
     """``types.MethodType(function, obj)``, without the type call's argument tuple."""
 
+_Record = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, bytes | None]
+
 def record_fields(
-    row: TupleData,
     spec: tuple[int | str, ...],
     topics: dict[tuple[bytes, bytes], str],
     last: list[object],
+    reference: Callable[[TupleData], _Record] | None,
+    row: TupleData,
     /,
-) -> tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, bytes | None] | None:
+) -> _Record | None:
     """The plain outbox mapping of an ordinary row (``OutboxMapping._record_fields`` is the
-    reference); None for any other row."""
+    reference); for any other row ``reference(row)``, or None without one."""

@@ -338,7 +338,7 @@ def test_the_plain_mapping_maps_every_row_as_its_reference(
     for _ in range(2):  # the first maps with the cache as it was, the second with it filled
         expected = mapped(mapping._record_fields, data)
         assert mapped(mapping.map_fields, data) == expected
-        found = fast(data, spec, mapping._topics, mapping._last_topic)
+        found = fast(spec, mapping._topics, mapping._last_topic, None, data)
         if found is not None:
             assert found == expected
             assert [type(v) for v in found] == [type(v) for v in expected]  # type: ignore[attr-defined]
@@ -351,18 +351,26 @@ def test_the_plain_mapping_uses_it_unless_pure_python_is_asked_for() -> None:
     mapping = OutboxMapping(_outbox_relation(_PLAIN), "outbox.event.{aggregate_type}")
     row = (b"e-1", b"order", b"o-1", b"created", b"{}", None, b"now")
     assert mapping.map_fields(row) == mapping._record_fields(row)
-    uses_c = mapping.map_fields.__func__ is OutboxMapping._record_fields_fast  # type: ignore[attr-defined]
+    uses_c = getattr(getattr(mapping.map_fields, "func", None), "__name__", "") == "record_fields"
     assert uses_c != pure
-    assert READER.record_fields(row, mapping._fast_spec, mapping._topics, [None] * 3) == (
+    assert READER.record_fields(mapping._fast_spec, mapping._topics, [None] * 3, None, row) == (
         "outbox.event.order", b"o-1", b"{}",
         [("id", b"e-1"), ("event_type", b"created"), ("aggregate_type", b"order")], "e-1", None,
     )  # fmt: skip
     arguments: tuple[Any, ...]
     for arguments in (
-        (row, (), mapping._topics, [None] * 3),
-        (row, mapping._fast_spec, [], [None] * 3),
-        (row, mapping._fast_spec, mapping._topics, []),
-        (row, mapping._fast_spec, mapping._topics),
+        ((), mapping._topics, [None] * 3, None, row),
+        (mapping._fast_spec, [], [None] * 3, None, row),
+        (mapping._fast_spec, mapping._topics, [], None, row),
+        (mapping._fast_spec, mapping._topics, [None] * 3, 1, row),
+        (mapping._fast_spec, mapping._topics, [None] * 3, None),
     ):
         with pytest.raises(TypeError):
             READER.record_fields(*arguments)
+    # Any row it does not map itself goes to the reference, given one: the mapping's own.
+    reference = mapping._record_fields
+    assert READER.record_fields(mapping._fast_spec, {}, [None] * 3, reference, row) == (
+        mapping._record_fields(row)
+    )
+    with pytest.raises(MalformedEvent):
+        READER.record_fields(mapping._fast_spec, {}, [None] * 3, reference, (None,) * 7)
