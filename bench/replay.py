@@ -237,7 +237,7 @@ def _process_cpu() -> float:
 
 
 def callgrind_instructions(
-    frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any]
+    frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any], keep: Path | None = None
 ) -> tuple[float, float]:
     """Instructions per event of one replay under callgrind, the loop only: all threads, and the
     main thread alone. The main thread's count is the judge of a change to the relay's own code:
@@ -273,6 +273,10 @@ def callgrind_instructions(
         by_thread = {path.name: _totals(path) for path in Path(tmp).glob(f"{out.name}-*")}
         main = by_thread[f"{out.name}-01"]
         events = events_in(load_frames(frames_path))
+        if keep is not None:  # for callgrind_annotate: out-01 is the main thread
+            keep.mkdir(parents=True, exist_ok=True)
+            for path in Path(tmp).glob(f"{out.name}-*"):
+                shutil.copy(path, keep / path.name)
     return sum(by_thread.values()) / events, main / events
 
 
@@ -291,7 +295,13 @@ def child(frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any]) ->
 
 
 def run(
-    rows: int, per_txn: int, repeat: int, callgrind: bool, extra: dict[str, Any] | None = None
+    rows: int,
+    per_txn: int,
+    repeat: int,
+    callgrind: bool,
+    extra: dict[str, Any] | None = None,
+    *,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     with LocalPostgres() as server, LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         url = server.create_database("bench_replay")
@@ -318,7 +328,7 @@ def run(
             path = Path(tmp) / "frames.bin"
             save_frames(frames, path)
             every_thread, main_thread = callgrind_instructions(
-                path, url, broker.bootstrap_servers, extra or {}
+                path, url, broker.bootstrap_servers, extra or {}, keep
             )
             result["callgrind_instructions_per_event"] = round(every_thread)
             result["callgrind_main_instructions_per_event"] = round(main_thread)
@@ -331,6 +341,12 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--per-txn", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--callgrind", action="store_true", help="also count instructions/event")
+    parser.add_argument(
+        "--callgrind-keep",
+        type=Path,
+        metavar="DIR",
+        help="with --callgrind: keep the callgrind output files there (one per thread)",
+    )
     parser.add_argument(
         "--relay-setting",
         action="append",
@@ -368,7 +384,10 @@ def main() -> None:
         frames_path, url, bootstrap = args.child
         child(Path(frames_path), url, bootstrap, json.loads(args.child_settings))
         return
-    result = run(args.rows, args.per_txn, args.repeat, args.callgrind, args.relay_setting)
+    result = run(
+        args.rows, args.per_txn, args.repeat, args.callgrind, args.relay_setting,
+        keep=args.callgrind_keep,
+    )  # fmt: skip
     for line in _lines(result):
         print(line)
 

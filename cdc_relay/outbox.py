@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Final, NamedTuple, NoReturn
+from functools import partial
+from typing import Final, NamedTuple, NoReturn, cast
 
 import orjson
 from mypy_extensions import mypyc_attr
@@ -53,6 +54,25 @@ RecordFields = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, byt
 
 TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
+
+# The plain mapping of an ordinary row in one C call, where the extension is built (any other
+# row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
+_FastFields = Callable[
+    [
+        "tuple[int | str, ...]",
+        "dict[tuple[bytes, bytes], str]",
+        "list[object]",
+        "Callable[[TupleData], RecordFields] | None",
+        TupleData,
+    ],
+    "RecordFields | None",
+]
+try:
+    from cdc_relay.decode._tuple_reader import record_fields as _c_record_fields
+
+    _fast_fields: _FastFields | None = _c_record_fields
+except ImportError:
+    _fast_fields = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping subclasses it, interpreted
@@ -110,6 +130,29 @@ class OutboxMapping:
             self._payload_type = relation.columns[payload_index].type_oid
             if self._payload_type not in _JSON_OIDS:
                 self.map = self.map_fields = self._map_converted
+                return
+        if (
+            not self.missing
+            and not self._has_overrides
+            and self._traceparent is None
+            and self._span_context is None
+        ):
+            headers = -1 if self._headers is None else self._headers
+            self._fast_spec: tuple[int | str, ...] = (
+                self._id, self._aggregate_type, self._aggregate_id, self._event_type,
+                self._payload, headers, "id", "event_type", "aggregate_type",
+            )  # fmt: skip
+            # The last (aggregate_type, event_type, topic) found in the cache, for the C call.
+            self._last_topic: list[object] = [None, None, None]
+            if _fast_fields is not None:
+                # _record_fields of an ordinary row in one C call, the reference for any other;
+                # bound by partial, so no Python frame runs per row (a cycle: the mapping lives
+                # as long as its relation, and the collector frees it after).
+                self.map_fields = cast(
+                    "Callable[[TupleData], RecordFields]",
+                    partial(_fast_fields, self._fast_spec, self._topics, self._last_topic,
+                            self._record_fields),
+                )  # fmt: skip
 
     def _map_converted(self, row: TupleData) -> OutboxRecord:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""

@@ -38,6 +38,7 @@ from cdc_relay.logs import cut
 from cdc_relay.lsn import format_lsn
 from cdc_relay.outbox import RecordFields
 from cdc_relay.publisher import (
+    BoundRecord,
     DeliveryCallback,
     DeliveryFailure,
     DeliveryTracker,
@@ -263,10 +264,10 @@ class PoisonPolicyHandler:
     def _send(self, txn: PendingTransaction, table: str, letter: DeadLetter) -> None:
         """Produce ``letter``, smaller each time librdkafka refuses it, down to its metadata."""
         topic = self._topic
-        callback = self._tracker.callback(txn, table, dead_letter=True)
+        callback = self._tracker.on_dead_letter_delivery
         while True:
             headers = letter.all_headers
-            on_delivery = partial(_delivered, callback, topic, headers)
+            on_delivery = partial(_delivered, callback, (txn, table, topic, headers))
             try:
                 self._sink.produce(topic, letter.value, letter.key, headers, on_delivery)
                 txn.produced()
@@ -301,15 +302,10 @@ class PoisonPolicyHandler:
         raise StopSession from None
 
 
-def _delivered(
-    callback: TransactionCallback,
-    topic: str,
-    headers: list[tuple[str, bytes]],
-    err: Any,
-    msg: Any,
-) -> None:
-    callback((topic, headers), err, msg)
+def _delivered(callback: TransactionCallback, record: BoundRecord, err: Any, msg: Any) -> None:
+    callback(record, err, msg)
     if err is None:
+        topic, headers = record[2], record[3]
         event_id = next((v for n, v in reversed(headers) if n == "cdc_relay.event_id"), b"")
         log.info(
             "poison record sent to the dead-letter topic",

@@ -34,11 +34,12 @@ from cdc_relay.watermark import PendingTransaction
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[Any, Any], None]
-# Delivery reports do not carry headers, so each record's topic and headers are bound first (the
-# topic also saves asking the report for it, a string built per record), as one pair, by
-# types.MethodType: two objects per record, where functools.partial makes three (itself, its
-# arguments and an empty keyword dictionary).
-BoundRecord = tuple[str, list[tuple[str, bytes]]]  # (topic, headers)
+# Delivery reports do not carry headers, so each record's transaction, table, topic and headers
+# are bound to the session's one delivery function, as one tuple, by types.MethodType: two
+# objects per record, where functools.partial makes three (itself, its arguments and an empty
+# keyword dictionary), and no function made per transaction (a closure and its cells cost more
+# than the record's four-tuple saves). The topic also saves asking the report for it.
+BoundRecord = tuple[PendingTransaction, str, str, list[tuple[str, bytes]]]
 TransactionCallback = Callable[[BoundRecord, Any, Any], None]
 # The hot path passes produce_raw's arguments by position, in confluent-kafka's order: topic,
 # value, key, partition, callback, on_delivery (an alias: None), timestamp, headers. Passed by
@@ -139,9 +140,13 @@ class DeliveryTracker:
     failures: list[DeliveryFailure] = field(default_factory=list)
     # The relay's acknowledgements before this session: acked counts from there.
     acked_before: int = field(init=False, default=0)
+    # The delivery callbacks (see _callbacks), made once per session.
+    on_delivery: TransactionCallback = field(init=False, repr=False)
+    on_dead_letter_delivery: TransactionCallback = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.acked_before = self.stats.published + self.stats.dead_lettered
+        self.on_delivery, self.on_dead_letter_delivery = self._callbacks()
 
     @property
     def acked(self) -> int:
@@ -149,10 +154,9 @@ class DeliveryTracker:
         counters at housekeeping, so that a delivery report counts its record once, not twice."""
         return self.stats.published + self.stats.dead_lettered - self.acked_before
 
-    def callback(
-        self, txn: PendingTransaction, table: str, dead_letter: bool = False
-    ) -> TransactionCallback:
-        """The delivery callback of ``txn``'s records; bind each record's (topic, headers).
+    def _callbacks(self) -> tuple[TransactionCallback, TransactionCallback]:
+        """The delivery callbacks of every record of the session, of events and of dead letters;
+        each record binds its :data:`BoundRecord` to one (``types.MethodType``).
 
         Runs once per record, so it does the least it can: a success counts the record and
         notes its offset; the latency histogram is fed once per transaction, when the last
@@ -163,13 +167,12 @@ class DeliveryTracker:
         stats = self.stats
         by_topic = stats.published_by_topic
         observe = stats.latency.observe
-        commit_time = txn.commit_time
         now = time.time
-        offsets = txn.offsets
 
-        def failed(topic: str, headers: list[tuple[str, bytes]], err: Any, msg: Any) -> None:
+        def failed(record: BoundRecord, dead_letter: bool, err: Any, msg: Any) -> None:
             if err.code() not in _PURGED:
                 stats.producer_errors += 1
+                txn, table, topic, headers = record
                 failures.append(
                     DeliveryFailure(
                         txn, table, dead_letter, err.code(), err.str(), topic, msg.key(),
@@ -179,29 +182,31 @@ class DeliveryTracker:
 
         def on_delivery(record: BoundRecord, err: Any, msg: Any) -> None:
             if err is not None:
-                failed(record[0], record[1], err, msg)
+                failed(record, False, err, msg)
                 return
-            topic = record[0]
+            txn = record[0]
+            topic = record[2]
             # In order per partition: the last report is the transaction's highest offset.
-            offsets[topic, msg.partition()] = msg.offset()
+            txn.offsets[topic, msg.partition()] = msg.offset()
             by_topic[topic] += 1
             if txn.acknowledged():
                 txn.unobserved += 1
             else:
-                observe(now() - commit_time, txn.unobserved + 1)
+                observe(now() - txn.commit_time, txn.unobserved + 1)
                 txn.unobserved = 0
 
         def on_dead_letter_delivery(record: BoundRecord, err: Any, msg: Any) -> None:
             if err is not None:
-                failed(record[0], record[1], err, msg)
+                failed(record, True, err, msg)
                 return
-            offsets[record[0], msg.partition()] = msg.offset()
+            txn = record[0]
+            txn.offsets[record[2], msg.partition()] = msg.offset()
             stats.dead_lettered += 1
             if not txn.acknowledged() and txn.unobserved:  # the events acknowledged before it
-                observe(now() - commit_time, txn.unobserved)
+                observe(now() - txn.commit_time, txn.unobserved)
                 txn.unobserved = 0
 
-        return on_dead_letter_delivery if dead_letter else on_delivery
+        return on_delivery, on_dead_letter_delivery
 
     def take_failures(self) -> list[DeliveryFailure]:
         failures = self.failures[:]

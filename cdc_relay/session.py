@@ -69,6 +69,7 @@ from cdc_relay.poison import DeadLetterSink, PoisonPolicyHandler, RefusedRecord
 from cdc_relay.publisher import (
     ANY_PARTITION,
     NO_TIMESTAMP,
+    BoundRecord,
     DeliveryCallback,
     DeliveryTracker,
     ProduceRefused,
@@ -93,8 +94,18 @@ from cdc_relay.value_text import MalformedEvent
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+
+# A record's BoundRecord bound to its delivery callback: types.MethodType, or the same from the C
+# helper where it is built (without the type call's argument tuple; cdc_relay._hot_path).
+_Binder = Callable[[TransactionCallback, BoundRecord], DeliveryCallback]
+try:
+    from cdc_relay.decode._tuple_reader import bind as _c_bind
+
+    _binder: _Binder = _c_bind
+except ImportError:
+    _binder = MethodType
 # Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
-_bind: Final = MethodType  # a record's (topic, headers) to its delivery callback
+_bind: Final = _binder
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 # The wait while records are in flight: their acknowledgements are served only by polling the
@@ -216,8 +227,6 @@ class Session:
         self.message_prefix: str | None = settings.message_prefix if settings.messages else None
         self.mappings = self.relations.mappings  # filled by Relations, read per insert
         self.filtered = self.relations.filtered
-        # The last filtered row's transaction, table and delivery callback (one per transaction).
-        self.filtered_callback: tuple[PendingTransaction, str, TransactionCallback] | None = None
         now = time.monotonic()
         self.last_housekeeping = now
         self.monitors = Monitors(
@@ -239,9 +248,8 @@ class Session:
         stats = self.stats
         observe_receive = stats.receive_latency.observe
         window = self.window
+        delivered = self.tracker.on_delivery  # every event's delivery callback, bound per record
         txn: PendingTransaction | None = None
-        callback: TransactionCallback | None = None
-        callback_table = ""
         counter = 0
         while True:
             if owner.stopping and (txn is None or self.stop.now()):
@@ -265,10 +273,7 @@ class Session:
                     if isinstance(message, Insert):
                         mapping = self.mappings.get(message.relation_id)
                         if mapping is not None and txn is not None:
-                            if callback is None or callback_table is not mapping.table:
-                                callback = self.tracker.callback(txn, mapping.table)
-                                callback_table = mapping.table
-                            self.publish(mapping, message.new, txn, callback)
+                            self.publish(mapping, message.new, txn, delivered)
                         else:
                             self.unmapped_insert(message, txn)
                     elif isinstance(message, Begin):
@@ -279,18 +284,16 @@ class Session:
                         )
                         if window is not None:
                             window.join(txn)
-                        callback = None
                     elif isinstance(message, Commit):
                         if txn is None:
                             raise ProtocolError("Commit without Begin in the replication stream")
-                        if callback is not None:  # the transaction had events
+                        if txn.events:
                             observe_receive(time.time() - txn.commit_time)
                         watermark.seal(txn, message.end_lsn)
                         if window is not None and window.sealed(txn):
                             window.commit()
                         stats.transactions += 1
                         txn = None
-                        callback = None
                         confirmer.received = max(confirmer.received, message.end_lsn)
                         wal_end = int.from_bytes(data[XLOG_WAL_END], "big")
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
@@ -302,10 +305,7 @@ class Session:
                             and txn is not None
                             and message.prefix == self.message_prefix
                         ):
-                            if callback is None or callback_table is not self.messages.table:
-                                callback = self.tracker.callback(txn, self.messages.table)
-                                callback_table = self.messages.table
-                            self.publish(self.messages, message.content, txn, callback)
+                            self.publish(self.messages, message.content, txn, delivered)
                         elif message.prefix == self.messages.prefix:
                             self.relations.dropped_message(message)
                     elif isinstance(message, StreamStart):
@@ -351,11 +351,7 @@ class Session:
         except IndexError:  # fewer values than the relation has columns: not a row of it
             matched = True  # the mapping refuses it (dead letter), never silently drops it
         if matched:
-            cached = self.filtered_callback
-            if cached is None or cached[0] is not txn or cached[1] is not mapping.table:
-                cached = (txn, mapping.table, self.tracker.callback(txn, mapping.table))
-                self.filtered_callback = cached
-            self.publish(mapping, message.new, txn, cached[2])
+            self.publish(mapping, message.new, txn, self.tracker.on_delivery)
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -405,9 +401,11 @@ class Session:
         if traceparent is not None and self.tracing_enabled:
             span, context = self.tracing.start_publish(traceparent, event_id, topic)
             headers[TRACEPARENT_HEADER_INDEX] = ("traceparent", context)
-            on_delivery = partial(Tracing.traced, span, callback, topic, headers)
+            on_delivery = partial(
+                Tracing.traced, span, callback, (txn, mapping.table, topic, headers)
+            )
         else:
-            on_delivery = _bind(callback, (topic, headers))
+            on_delivery = _bind(callback, (txn, mapping.table, topic, headers))
         while True:
             try:
                 self.produce(

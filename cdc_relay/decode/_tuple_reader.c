@@ -1,5 +1,6 @@
 /*
- * One pgoutput TupleData read in one call: the decoder's hot path (every column of every row).
+ * One pgoutput TupleData read in one call: the decoder's hot path (every column of every row),
+ * and the messages of every transaction (Begin, Insert, Commit) straight from their frames.
  *
  * The pure reader in pgoutput.py (_read_tuple_pure) is the reference and the fallback: this one
  * returns exactly what it returns for every well-formed tuple, and None for anything it would not
@@ -11,16 +12,42 @@
  *   and 'b' (binary), an Int32 length and that many bytes (a bytes object); 'n' is None and 'u'
  *   is `unchanged` (the UNCHANGED_TOAST sentinel). Returns the values and the offset after them.
  *
- * read_insert(frame: buffer, offset: int, insert_type: type, unchanged: object) -> Insert | None
- *   A whole Insert message (outside a stream block) read from the frame as received, without
- *   copying it: 'I', Int32 relation id, 'N', then a TupleData as above; trailing bytes ignored,
- *   as PgOutputDecoder.decode does. Returns insert_type(relation_id, values, None) (a tuple
- *   subclass, built as tuple.__new__ builds it), or None for any other message and for anything
- *   malformed: the caller then decodes it the general way, which names the error.
+ * read_message(frame: buffer, offset: int, insert_type: type, begin_type: type,
+ *              commit_type: type, unchanged: object) -> Insert | Begin | Commit | None
+ *   The messages of every transaction (outside a stream block) read from the frame as received,
+ *   without copying it; trailing bytes ignored, as PgOutputDecoder.decode does:
+ *   - Insert: 'I', Int32 relation id, 'N', then a TupleData as above ->
+ *     insert_type(relation_id, values, None);
+ *   - Begin: 'B', UInt64 final LSN, Int64 commit timestamp, UInt32 xid ->
+ *     begin_type(final_lsn, commit_ts, xid);
+ *   - Commit: 'C', UInt8 flags, UInt64 commit LSN, UInt64 end LSN, Int64 commit timestamp ->
+ *     commit_type(flags, commit_lsn, end_lsn, commit_ts).
+ *   Each type a tuple subclass, built as tuple.__new__ builds it. None for any other message and
+ *   for anything malformed or short: the caller then decodes it the general way, which names
+ *   the error.
+ *
+ * record_fields(spec: tuple, topics: dict, last: list, reference: callable | None, row: tuple)
+ *     -> tuple | None
+ *   The plain outbox mapping of an ordinary row (cdc_relay.outbox.OutboxMapping._record_fields is
+ *   the reference, and what is called for any other row when given: the mapping binds the first
+ *   four arguments with functools.partial, no Python frame per row): spec is (id, aggregate_type, aggregate_id, event_type, payload, headers or -1,
+ *   "id", "event_type", "aggregate_type"), the columns' positions then the header names; topics
+ *   the mapping's topic cache by (aggregate_type, event_type); last the mapping's list
+ *   [aggregate_type, event_type, topic] of the last topic found there (read first: consecutive
+ *   rows mostly share their types, and two comparisons cost less than hashing them). Returns (topic, key, value,
+ *   headers, event_id, None) when the five columns are bytes, the id is UTF-8, the headers
+ *   column is absent or not bytes, and the topic is cached; for anything else (a row that is not
+ *   a tuple too), reference(row), which maps the row or says what is wrong with it (None without
+ *   a reference).
+ *
+ * bind(function: callable, obj: object) -> method
+ *   types.MethodType(function, obj), without the type call's argument tuple: every record binds
+ *   its (transaction, table, topic, headers) to its delivery callback (cdc_relay.session).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /*
  * The values of the TupleData at data[*pos_p:] as a new tuple, *pos_p moved past it. NULL with no
@@ -125,22 +152,71 @@ read_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+static uint64_t
+be64(const unsigned char *p)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < 8; i++) {
+        value = (value << 8) | p[i];
+    }
+    return value;
+}
+
+static unsigned long
+be32(const unsigned char *p)
+{
+    return ((unsigned long)p[0] << 24) | ((unsigned long)p[1] << 16) | ((unsigned long)p[2] << 8)
+           | p[3];
+}
+
+/* A new instance of the tuple subclass `type` holding `items` (stolen; NULL items: failed). */
 static PyObject *
-read_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+new_message(PyTypeObject *type, PyObject **items, Py_ssize_t count)
+{
+    PyObject *message = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == NULL) {
+            goto fail;
+        }
+    }
+    message = type->tp_alloc(type, count);
+    if (message == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyTuple_SET_ITEM(message, i, items[i]);
+    }
+    return message;
+
+fail:
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(items[i]);
+    }
+    return NULL;
+}
+
+static int
+is_tuple_type(PyObject *type)
+{
+    return PyType_Check(type) && PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type);
+}
+
+static PyObject *
+read_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError,
-                        "read_insert(frame, offset, insert_type, unchanged) takes 4 arguments");
+                        "read_message(frame, offset, insert_type, begin_type, commit_type, "
+                        "unchanged) takes 6 arguments");
         return NULL;
     }
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
     if (offset == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    PyTypeObject *type = (PyTypeObject *)args[2];
-    if (!PyType_Check(args[2]) || !PyType_IsSubtype(type, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "read_insert: insert_type must be a tuple subclass");
+    if (!is_tuple_type(args[2]) || !is_tuple_type(args[3]) || !is_tuple_type(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "read_message: the message types must be tuple subclasses");
         return NULL;
     }
     Py_buffer view;
@@ -150,48 +226,234 @@ read_insert(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *data = (const unsigned char *)view.buf;
     Py_ssize_t size = view.len;
     PyObject *result = NULL;
-    if (offset < 0 || size - offset < 6 || data[offset] != 'I'
-        || data[offset + 5] != 'N') {
+    if (offset < 0 || offset >= size) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    unsigned long relation = ((unsigned long)data[offset + 1] << 24)
-                             | ((unsigned long)data[offset + 2] << 16)
-                             | ((unsigned long)data[offset + 3] << 8) | data[offset + 4];
-    Py_ssize_t pos = offset + 6;
-    PyObject *values = read_values(data, size, &pos, args[3]);
-    if (values == NULL) {
-        if (!PyErr_Occurred()) {
+    const unsigned char *p = data + offset + 1; /* after the type byte */
+    Py_ssize_t left = size - offset - 1;
+    switch (data[offset]) {
+    case 'I': {
+        if (left < 5 || p[4] != 'N') {
             result = Py_NewRef(Py_None);
+            goto done;
         }
-        goto done;
+        Py_ssize_t pos = offset + 6;
+        PyObject *values = read_values(data, size, &pos, args[5]);
+        if (values == NULL) {
+            if (!PyErr_Occurred()) {
+                result = Py_NewRef(Py_None);
+            }
+            goto done;
+        }
+        PyObject *items[3] = {PyLong_FromUnsignedLong(be32(p)), values, Py_NewRef(Py_None)};
+        /* xid: only inside a stream block */
+        result = new_message((PyTypeObject *)args[2], items, 3);
+        break;
     }
-    PyObject *relation_id = PyLong_FromUnsignedLong(relation);
-    if (relation_id == NULL) {
-        Py_DECREF(values);
-        goto done;
+    case 'B': {
+        if (left < 20) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *items[3] = {
+            PyLong_FromUnsignedLongLong(be64(p)),
+            PyLong_FromLongLong((long long)be64(p + 8)),
+            PyLong_FromUnsignedLong(be32(p + 16)),
+        };
+        result = new_message((PyTypeObject *)args[3], items, 3);
+        break;
     }
-    PyObject *insert = type->tp_alloc(type, 3);
-    if (insert == NULL) {
-        Py_DECREF(values);
-        Py_DECREF(relation_id);
-        goto done;
+    case 'C': {
+        if (left < 25) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *items[4] = {
+            PyLong_FromLong(p[0]),
+            PyLong_FromUnsignedLongLong(be64(p + 1)),
+            PyLong_FromUnsignedLongLong(be64(p + 9)),
+            PyLong_FromLongLong((long long)be64(p + 17)),
+        };
+        result = new_message((PyTypeObject *)args[4], items, 4);
+        break;
     }
-    PyTuple_SET_ITEM(insert, 0, relation_id);
-    PyTuple_SET_ITEM(insert, 1, values);
-    PyTuple_SET_ITEM(insert, 2, Py_NewRef(Py_None)); /* xid: only inside a stream block */
-    result = insert;
+    default:
+        result = Py_NewRef(Py_None);
+    }
 
 done:
     PyBuffer_Release(&view);
     return result;
 }
 
+#define SPEC_SIZE 9
+
+/* Whether `known` is a bytes object equal to the bytes object `value`. */
+static int
+same_bytes(PyObject *known, PyObject *value)
+{
+    if (known == value) {
+        return 1;
+    }
+    if (!PyBytes_CheckExact(known)) {
+        return 0;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(value);
+    return PyBytes_GET_SIZE(known) == size
+           && memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(value), (size_t)size) == 0;
+}
+
+/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
+static PyObject *
+plain_record(PyObject *const *args)
+{
+    PyObject *row = args[0];
+    if (!PyTuple_CheckExact(row)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *spec = args[1];
+    Py_ssize_t size = PyTuple_GET_SIZE(row);
+    PyObject *columns[5];
+    for (int i = 0; i < 5; i++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, i));
+        if (index == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (index < 0 || index >= size || !PyBytes_CheckExact(PyTuple_GET_ITEM(row, index))) {
+            Py_RETURN_NONE;
+        }
+        columns[i] = PyTuple_GET_ITEM(row, index);
+    }
+    PyObject *raw_id = columns[0], *aggregate_type = columns[1], *aggregate_id = columns[2];
+    PyObject *event_type = columns[3], *payload = columns[4];
+    Py_ssize_t headers_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
+    if (headers_index == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (headers_index >= 0
+        && (headers_index >= size || PyBytes_CheckExact(PyTuple_GET_ITEM(row, headers_index)))) {
+        Py_RETURN_NONE; /* entries to parse, or a row shorter than its relation */
+    }
+    PyObject *last = args[3];
+    PyObject *topic; /* borrowed */
+    if (same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
+        && same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
+        topic = PyList_GET_ITEM(last, 2);
+    }
+    else {
+        PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
+        if (key == NULL) {
+            return NULL;
+        }
+        topic = PyDict_GetItemWithError(args[2], key);
+        Py_DECREF(key);
+        if (topic == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            Py_RETURN_NONE; /* not cached yet: the reference makes it */
+        }
+        PyObject *entry[3] = {aggregate_type, event_type, topic};
+        for (int i = 0; i < 3; i++) {
+            /* PyList_SetItem steals the new reference and releases the old item */
+            if (PyList_SetItem(last, i, Py_NewRef(entry[i])) < 0) {
+                return NULL;
+            }
+        }
+        topic = PyList_GET_ITEM(last, 2);
+    }
+    PyObject *event_id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw_id), PyBytes_GET_SIZE(raw_id),
+                                              "strict");
+    if (event_id == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    PyObject *headers = PyList_New(3);
+    if (headers == NULL) {
+        Py_DECREF(event_id);
+        return NULL;
+    }
+    PyObject *values[3] = {raw_id, event_type, aggregate_type};
+    for (int i = 0; i < 3; i++) {
+        PyObject *header = PyTuple_Pack(2, PyTuple_GET_ITEM(spec, 6 + i), values[i]);
+        if (header == NULL) {
+            Py_DECREF(headers);
+            Py_DECREF(event_id);
+            return NULL;
+        }
+        PyList_SET_ITEM(headers, i, header);
+    }
+    PyObject *record = PyTuple_New(6);
+    if (record == NULL) {
+        Py_DECREF(headers);
+        Py_DECREF(event_id);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(topic));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(aggregate_id));
+    PyTuple_SET_ITEM(record, 2, Py_NewRef(payload));
+    PyTuple_SET_ITEM(record, 3, headers);
+    PyTuple_SET_ITEM(record, 4, event_id);
+    PyTuple_SET_ITEM(record, 5, Py_NewRef(Py_None));
+    return record;
+}
+
+static PyObject *
+record_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != SPEC_SIZE
+        || !PyDict_CheckExact(args[1]) || !PyList_CheckExact(args[2])
+        || PyList_GET_SIZE(args[2]) != 3 || (args[3] != Py_None && !PyCallable_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_fields(spec: tuple, topics: dict, last: list of 3, "
+                        "reference: callable | None, row)");
+        return NULL;
+    }
+    PyObject *inner[4] = {args[4], args[0], args[1], args[2]};
+    PyObject *record = plain_record(inner);
+    if (record == Py_None && args[3] != Py_None) {
+        Py_DECREF(record);
+        return PyObject_CallOneArg(args[3], args[4]);
+    }
+    return record;
+}
+
+static PyObject *
+bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "bind(function, obj) takes 2 arguments");
+        return NULL;
+    }
+    /* as types.MethodType checks */
+    if (!PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "bind: the first argument must be callable");
+        return NULL;
+    }
+    if (args[1] == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "bind: the instance must not be None");
+        return NULL;
+    }
+    return PyMethod_New(args[0], args[1]);
+}
+
 static PyMethodDef methods[] = {
+    {"record_fields", (PyCFunction)(void (*)(void))record_fields, METH_FASTCALL,
+     "record_fields(spec, topics, last, reference, row) -> tuple | None: the plain outbox "
+     "mapping of an ordinary row."},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "bind(function, obj) -> method: types.MethodType(function, obj), cheaper."},
     {"read_tuple", (PyCFunction)(void (*)(void))read_tuple, METH_FASTCALL,
      "read_tuple(buf, pos, unchanged) -> (values, end) | None: one pgoutput TupleData."},
-    {"read_insert", (PyCFunction)(void (*)(void))read_insert, METH_FASTCALL,
-     "read_insert(frame, offset, insert_type, unchanged) -> Insert | None: one pgoutput Insert."},
+    {"read_message", (PyCFunction)(void (*)(void))read_message, METH_FASTCALL,
+     "read_message(frame, offset, insert_type, begin_type, commit_type, unchanged) -> "
+     "Insert | Begin | Commit | None: one pgoutput message of those kinds."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -205,7 +467,8 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cdc_relay.decode._tuple_reader",
-    .m_doc = "One pgoutput TupleData, or Insert, read in one call (pgoutput.py is the reference).",
+    .m_doc = "One pgoutput TupleData, or Insert, Begin or Commit, read in one call (pgoutput.py "
+              "is the reference).",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

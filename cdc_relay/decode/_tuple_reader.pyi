@@ -1,12 +1,38 @@
 """Types of the optional C tuple reader (``_tuple_reader.c``; ``pgoutput.py`` is its reference)."""
 
-from cdc_relay.decode.messages import Insert, TupleData, UnchangedToast
+from collections.abc import Callable
+from types import MethodType
+from typing import Any
+
+from cdc_relay.decode.messages import Begin, Commit, Insert, TupleData, UnchangedToast
 
 def read_tuple(buf: bytes, pos: int, unchanged: UnchangedToast, /) -> tuple[TupleData, int] | None:
     """One TupleData from ``buf[pos:]`` and the offset after it; None when malformed."""
 
-def read_insert(
-    frame: bytes | memoryview, offset: int, insert_type: type[Insert], unchanged: UnchangedToast, /
-) -> Insert | None:
-    """The Insert message at ``frame[offset:]`` (outside a stream block); None for any other
-    message and for anything malformed."""
+def read_message(
+    frame: bytes | memoryview,
+    offset: int,
+    insert_type: type[Insert],
+    begin_type: type[Begin],
+    commit_type: type[Commit],
+    unchanged: UnchangedToast,
+    /,
+) -> Insert | Begin | Commit | None:
+    """The Insert, Begin or Commit message at ``frame[offset:]`` (outside a stream block); None
+    for any other message and for anything malformed."""
+
+def bind(function: Callable[..., Any], obj: object, /) -> MethodType:
+    """``types.MethodType(function, obj)``, without the type call's argument tuple."""
+
+_Record = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, bytes | None]
+
+def record_fields(
+    spec: tuple[int | str, ...],
+    topics: dict[tuple[bytes, bytes], str],
+    last: list[object],
+    reference: Callable[[TupleData], _Record] | None,
+    row: TupleData,
+    /,
+) -> _Record | None:
+    """The plain outbox mapping of an ordinary row (``OutboxMapping._record_fields`` is the
+    reference); for any other row ``reference(row)``, or None without one."""

@@ -59,20 +59,23 @@ from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
 # The same tuple reader in C, built by setup.py where a compiler exists; this module's is the
 # reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one: cdc_relay._hot_path).
 _RowReader: TypeAlias = Callable[[bytes, int, UnchangedToast], "tuple[TupleData, int] | None"]
-_InsertReader: TypeAlias = Callable[
-    ["bytes | memoryview", int, "type[Insert]", UnchangedToast], "Insert | None"
+_MessageReader: TypeAlias = Callable[
+    ["bytes | memoryview", int, "type[Insert]", "type[Begin]", "type[Commit]", UnchangedToast],
+    "Insert | Begin | Commit | None",
 ]
 try:
     from cdc_relay.decode import _tuple_reader
 
     _read_row: _RowReader | None = _tuple_reader.read_tuple
-    _read_insert: _InsertReader | None = _tuple_reader.read_insert
+    _read_message: _MessageReader | None = _tuple_reader.read_message
 except ImportError:
     _read_row = None
-    _read_insert = None
+    _read_message = None
 # Module-level Final names are C statics in the compiled build, other globals a dict lookup.
-_READ_INSERT: Final = _read_insert
+_READ_MESSAGE: Final = _read_message
 _INSERT: Final = Insert
+_BEGIN_TYPE: Final = Begin
+_COMMIT_TYPE: Final = Commit
 _UNCHANGED: Final = UNCHANGED_TOAST
 
 __all__ = ["PgOutputDecoder"]
@@ -474,12 +477,15 @@ class PgOutputDecoder:
         """The message of one XLogData frame as received (its header first), as the session
         reads frames (:data:`cdc_relay.decode.plugin.XLogDecoder`).
 
-        An Insert (every event) is read straight from the frame in one C call where the extension
-        is built (None for anything else or anything malformed); the rest goes through
-        :meth:`decode`, which is the reference and names every error.
+        An Insert, Begin or Commit (every event, every transaction) is read straight from the
+        frame in one C call where the extension is built (None for anything else or anything
+        malformed); the rest goes through :meth:`decode`, which is the reference and names every
+        error.
         """
-        if _READ_INSERT is not None and not self._in_stream:
-            found = _READ_INSERT(frame, XLOG_DATA_PAYLOAD_OFFSET, _INSERT, _UNCHANGED)
+        if _READ_MESSAGE is not None and not self._in_stream:
+            found = _READ_MESSAGE(
+                frame, XLOG_DATA_PAYLOAD_OFFSET, _INSERT, _BEGIN_TYPE, _COMMIT_TYPE, _UNCHANGED
+            )
             if found is not None:
                 return (found,)
         # Copying the whole frame and slicing the copy is cheaper than slicing the view first.

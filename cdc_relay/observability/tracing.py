@@ -103,17 +103,12 @@ class Tracing:
         span.end()
 
     @staticmethod
-    def traced(  # noqa: PLR0917 - a delivery callback's shape, four of them bound by partial
-        span: Span,
-        callback: Callable[[tuple[str, list[tuple[str, bytes]]], Any, Any], None],
-        topic: str,
-        headers: list[tuple[str, bytes]],
-        err: Any,
-        msg: Any,
-    ) -> None:
-        """A record's delivery callback that ends its publish span first."""
+    def traced(span: Span, callback: Callable[[Any, Any, Any], None], record: Any, err: Any,
+               msg: Any) -> None:  # fmt: skip
+        """A record's delivery callback (its ``record`` bound: the session's BoundRecord) that
+        ends its publish span first."""
         Tracing.end_publish(span, err, msg)
-        callback((topic, headers), err, msg)
+        callback(record, err, msg)
 
     def shutdown(self) -> None:
         if self._provider is not None:

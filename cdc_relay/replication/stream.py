@@ -100,7 +100,9 @@ class ReplicationStream:
 
     def read(self) -> memoryview | None:
         """The next CopyData payload already received, or None. Never waits."""
-        conn = self._require()
+        conn = self._conn  # once per message: _require() inlined, a Python call saved
+        if conn is None:
+            raise ProtocolError("replication stream used before open() or after close()")
         try:
             size, data = conn.get_copy_data(1)
         except psycopg.OperationalError as exc:

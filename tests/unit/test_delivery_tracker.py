@@ -13,11 +13,11 @@ TOPIC = "outbox.event.order"
 
 
 def _produce(tracker: DeliveryTracker, txn: PendingTransaction, count: int) -> list[Record]:
-    callback = tracker.callback(txn, "public.outbox")
     records = []
     for i in range(count):
         headers = [("id", b"%d" % i)]
-        records.append(Record(TOPIC, b"{}", b"k", headers, MethodType(callback, (TOPIC, headers))))
+        bound = (txn, "public.outbox", TOPIC, headers)
+        records.append(Record(TOPIC, b"{}", b"k", headers, MethodType(tracker.on_delivery, bound)))
         txn.produced()
     return records
 
@@ -57,13 +57,14 @@ def test_a_session_counts_its_own_acknowledgements_dead_letters_included() -> No
     assert tracker.acked == 0
     txn = PendingTransaction(100, commit_time=0.0)
     records = _produce(tracker, txn, 3)
-    dead_letter = tracker.callback(txn, "public.outbox", dead_letter=True)
     headers = [("id", b"x")]
+    bound = (txn, "public.outbox", "dead.letters", headers)
     records.append(
         Record(
-            "dead.letters", b"{}", b"k", headers, MethodType(dead_letter, ("dead.letters", headers))
+            "dead.letters", b"{}", b"k", headers,
+            MethodType(tracker.on_dead_letter_delivery, bound),
         )
-    )
+    )  # fmt: skip
     txn.produced()
     _acknowledge(records)
     assert tracker.acked == 4

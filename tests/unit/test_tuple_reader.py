@@ -9,8 +9,10 @@ decoder from using it): every tier tests it. setup.py builds it wherever a compi
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,8 +23,17 @@ from hypothesis import strategies as st
 
 from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
 from cdc_relay.decode import pgoutput
-from cdc_relay.decode.messages import UNCHANGED_TOAST, Insert
+from cdc_relay.decode.messages import (
+    UNCHANGED_TOAST,
+    Begin,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+)
 from cdc_relay.decode.pgoutput import PgOutputDecoder
+from cdc_relay.outbox import OutboxMapping
+from cdc_relay.value_text import MalformedEvent
 
 PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
 NAME = "cdc_relay.decode._tuple_reader"
@@ -125,13 +136,18 @@ def test_the_decoder_uses_it_unless_pure_python_is_asked_for() -> None:
     assert message.new == (b"x", UNCHANGED_TOAST)  # type: ignore[union-attr]
 
 
-def read_insert_c(frame: bytes, offset: int) -> Any:
-    """What PgOutputDecoder.decode_xlog does with the C reader: its Insert, or decode's verdict."""
-    found = READER.read_insert(memoryview(frame), offset, Insert, UNCHANGED_TOAST)
+def read_message(frame: bytes | bytearray | memoryview | str, offset: int) -> Any:
+    """The C reader of Insert, Begin and Commit frames, with the decoder's message types."""
+    return READER.read_message(frame, offset, Insert, Begin, Commit, UNCHANGED_TOAST)
+
+
+def read_message_c(frame: bytes, offset: int) -> Any:
+    """What PgOutputDecoder.decode_xlog does with the C reader: its message, or decode's verdict."""
+    found = read_message(memoryview(frame), offset)
     return found if found is not None else PgOutputDecoder().decode(frame[offset:])
 
 
-def read_insert_pure(frame: bytes, offset: int) -> Any:
+def read_message_pure(frame: bytes, offset: int) -> Any:
     return PgOutputDecoder().decode(frame[offset:])
 
 
@@ -153,8 +169,8 @@ def test_well_formed_inserts_read_the_same(
     after it ignored) is exactly the message the reference decoder returns, of the same type."""
     body = struct.pack(">H", len(columns)) + b"".join(column(k, v) for k, v in columns)
     frame = header + insert(relation_id, b"N", body) + after
-    found = READER.read_insert(memoryview(frame), len(header), Insert, UNCHANGED_TOAST)
-    expected = read_insert_pure(frame, len(header))
+    found = read_message(memoryview(frame), len(header))
+    expected = read_message_pure(frame, len(header))
     assert found == expected
     assert type(found) is Insert
     assert found.relation_id == relation_id
@@ -168,6 +184,8 @@ _MESSAGES = st.one_of(
     ).map(lambda m: insert(*m)),
     st.binary(max_size=30),
     st.sampled_from([b"I", b"B" + bytes(20), b"C" + bytes(25)]),
+    st.tuples(st.just(b"B"), st.binary(min_size=20, max_size=20)).map(b"".join),
+    st.tuples(st.just(b"C"), st.binary(min_size=25, max_size=25)).map(b"".join),
 )
 
 
@@ -179,28 +197,44 @@ def test_any_message_decodes_the_same_or_fails_the_same(
     """Any message, not only an Insert, malformed ones included (a bad marker, a tuple that lies,
     truncation, an offset past the end): the same message or the same error as the reference."""
     frame = b"w" * offset + (message + b"".join(parts))[: max(len(message) + 8 - cut, 0)]
-    assert outcome(read_insert_c, frame, offset) == outcome(read_insert_pure, frame, offset)
-    assert READER.read_insert(frame, len(frame) + 1, Insert, UNCHANGED_TOAST) is None
+    assert outcome(read_message_c, frame, offset) == outcome(read_message_pure, frame, offset)
+    found = outcome(read_message_c, frame, offset)
+    assert type(found) is type(outcome(read_message_pure, frame, offset))
+    assert read_message(frame, len(frame) + 1) is None
+    assert read_message(frame, len(frame)) is None
 
 
-def test_read_insert_takes_a_buffer_and_a_tuple_type() -> None:
+def test_read_message_takes_a_buffer_and_tuple_types() -> None:
     frame = insert(7, b"N", struct.pack(">H", 1) + column("t", b"x"))
-    assert READER.read_insert(frame, 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
-    assert READER.read_insert(bytearray(frame), 0, Insert, UNCHANGED_TOAST) == (7, (b"x",), None)
+    assert read_message(frame, 0) == (7, (b"x",), None)
+    assert read_message(bytearray(frame), 0) == (7, (b"x",), None)
     with pytest.raises(TypeError):
-        READER.read_insert("I", 0, Insert, UNCHANGED_TOAST)
+        read_message("I", 0)
+    for types in ((dict, Begin, Commit), (Insert, dict, Commit), (Insert, Begin, dict)):
+        with pytest.raises(TypeError):
+            READER.read_message(frame, 0, *types, UNCHANGED_TOAST)
     with pytest.raises(TypeError):
-        READER.read_insert(frame, 0, dict, UNCHANGED_TOAST)
-    with pytest.raises(TypeError):
-        READER.read_insert(frame, 0, Insert)
-    assert READER.read_insert(frame, -1, Insert, UNCHANGED_TOAST) is None
+        READER.read_message(frame, 0, Insert, Begin, Commit)
+    assert read_message(frame, -1) is None
+
+
+def test_begin_and_commit_are_read_whole_from_the_frame() -> None:
+    """The largest values of each field, signed and unsigned as the reference reads them."""
+    begin = b"w" * 25 + b"B" + struct.pack(">QqI", 2**64 - 1, -(2**63), 2**32 - 1) + b"tail"
+    commit = b"w" * 25 + b"C" + struct.pack(">BQQq", 255, 2**64 - 1, 2**63, -1)
+    for frame in (begin, commit):
+        found = read_message(memoryview(frame), 25)
+        assert found == read_message_pure(frame, 25)
+        assert type(found) is type(read_message_pure(frame, 25))
+    assert read_message(begin[:45], 25) is None  # one byte short: the reference names the error
+    assert read_message(commit[:50], 25) is None
 
 
 def test_the_decoder_reads_inserts_from_the_frame_unless_pure_python_is_asked_for() -> None:
     import os  # noqa: PLC0415
 
     pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
-    assert (vars(pgoutput)["_READ_INSERT"] is None) == pure
+    assert (vars(pgoutput)["_READ_MESSAGE"] is None) == pure
     frame = b"w" * 25 + insert(7, b"N", struct.pack(">H", 2) + column("t", b"x") + b"n")
     (message,) = PgOutputDecoder().decode_xlog(memoryview(frame))
     assert message == Insert(7, (b"x", None), None)
@@ -215,3 +249,128 @@ def test_inside_a_stream_block_an_insert_carries_its_xid() -> None:
     body = struct.pack(">H", 1) + column("t", b"x")
     frame = b"w" * 25 + b"I" + struct.pack(">IIB", 99, 7, 0x4E) + body
     assert decoder.decode_xlog(memoryview(frame)) == (Insert(7, (b"x",), 99),)
+
+
+def test_bind_is_method_type() -> None:
+    """The session binds every record's BoundRecord with it: a bound method, as MethodType makes,
+    refusing what MethodType refuses."""
+    from types import MethodType  # noqa: PLC0415
+
+    from cdc_relay import session  # noqa: PLC0415
+
+    def callback(record: object, err: object, msg: object) -> tuple[object, ...]:
+        return record, err, msg
+
+    record = ("txn", "public.outbox", "topic", [("id", b"1")])
+    bound = READER.bind(callback, record)
+    assert type(bound) is MethodType
+    assert bound == MethodType(callback, record)
+    assert bound.__self__ is record
+    assert bound(None, "msg") == (record, None, "msg")
+    for arguments in ((1, record), (callback, None), (callback,)):
+        with pytest.raises(TypeError):
+            READER.bind(*arguments)
+        with pytest.raises(TypeError):
+            MethodType(*arguments)
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    assert (vars(session)["_bind"] is MethodType) == pure
+
+
+def _outbox_relation(columns: tuple[str, ...]) -> Relation:
+    types = {"id": 2950, "payload": 3802, "headers": 3802}
+    return Relation(
+        1,
+        "public",
+        "outbox",
+        "d",
+        tuple(RelationColumn(0, name, types.get(name, 25), -1) for name in columns),
+        None,
+    )
+
+
+_PLAIN = ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at")
+_VALUES = st.one_of(
+    st.binary(max_size=6),
+    st.sampled_from([b"order", b"\xff\xfe", b"caf\xc3\xa9", b"\xc3", b"", None, UNCHANGED_TOAST]),
+)
+
+
+def mapped(mapping: Callable[[Any], Any], row: Any) -> object:
+    try:
+        return mapping(row)
+    except Exception as exc:
+        return (type(exc), str(exc), getattr(exc, "event_id", None))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.sampled_from([_PLAIN, _PLAIN[:5], ("payload", "event_type", "id", "aggregate_id",
+                                          "aggregate_type", "headers")]),
+    st.lists(_VALUES, min_size=4, max_size=8).map(tuple),
+    st.booleans(),
+    st.booleans(),
+)  # fmt: skip
+def test_the_plain_mapping_maps_every_row_as_its_reference(
+    columns: tuple[str, ...], row: tuple[Any, ...], as_list: bool, prime: bool
+) -> None:
+    """The plain mapping of a row in one C call (record_fields, anything unusual left to the
+    reference: NULL or unchanged columns, a short row, an id that is not UTF-8, a headers column
+    to parse, a topic not cached yet, a row that is not a tuple) maps every row exactly as
+    OutboxMapping._record_fields does, or fails the same way; the topic cache filled or not."""
+    mapping = OutboxMapping(_outbox_relation(columns), "outbox.{aggregate_type}.{event_type}")
+    fast = READER.record_fields
+    spec = mapping._fast_spec
+    data: Any = list(row) if as_list else row
+    other = {"aggregate_type": b"other", "event_type": b"kind", "payload": b"{}", "headers": None}
+    for _ in range(2):  # another row's types and topic remembered as the last ones found
+        mapping.map_fields(tuple(other.get(name, b"x") for name in columns))
+    if prime:  # the row's topic cached by an earlier row of the same types, whatever this one holds
+        types = [
+            row[i] if len(row) > i else None
+            for i in (columns.index("aggregate_type"), columns.index("event_type"))
+        ]
+        aggregate_type, event_type = types
+        if isinstance(aggregate_type, bytes) and isinstance(event_type, bytes):
+            with contextlib.suppress(MalformedEvent):
+                mapping._topic(aggregate_type, event_type)
+    for _ in range(2):  # the first maps with the cache as it was, the second with it filled
+        expected = mapped(mapping._record_fields, data)
+        assert mapped(mapping.map_fields, data) == expected
+        found = fast(spec, mapping._topics, mapping._last_topic, None, data)
+        if found is not None:
+            assert found == expected
+            assert [type(v) for v in found] == [type(v) for v in expected]  # type: ignore[attr-defined]
+
+
+def test_the_plain_mapping_uses_it_unless_pure_python_is_asked_for() -> None:
+    import os  # noqa: PLC0415
+
+    pure = os.environ.get("CDC_RELAY_PURE_PYTHON") == "1"
+    mapping = OutboxMapping(_outbox_relation(_PLAIN), "outbox.event.{aggregate_type}")
+    row = (b"e-1", b"order", b"o-1", b"created", b"{}", None, b"now")
+    assert mapping.map_fields(row) == mapping._record_fields(row)
+    uses_c = getattr(getattr(mapping.map_fields, "func", None), "__name__", "") == "record_fields"
+    assert uses_c != pure
+    assert READER.record_fields(mapping._fast_spec, mapping._topics, [None] * 3, None, row) == (
+        "outbox.event.order", b"o-1", b"{}",
+        [("id", b"e-1"), ("event_type", b"created"), ("aggregate_type", b"order")], "e-1", None,
+    )  # fmt: skip
+    arguments: tuple[Any, ...]
+    for arguments in (
+        ((), mapping._topics, [None] * 3, None, row),
+        (mapping._fast_spec, [], [None] * 3, None, row),
+        (mapping._fast_spec, mapping._topics, [], None, row),
+        (mapping._fast_spec, mapping._topics, [None] * 3, 1, row),
+        (mapping._fast_spec, mapping._topics, [None] * 3, None),
+    ):
+        with pytest.raises(TypeError):
+            READER.record_fields(*arguments)
+    # Any row it does not map itself goes to the reference, given one: the mapping's own.
+    reference = mapping._record_fields
+    assert READER.record_fields(mapping._fast_spec, {}, [None] * 3, reference, row) == (
+        mapping._record_fields(row)
+    )
+    with pytest.raises(MalformedEvent):
+        READER.record_fields(mapping._fast_spec, {}, [None] * 3, reference, (None,) * 7)
