@@ -39,8 +39,6 @@ from tests.kafka_helpers import Record, consume_all
 
 pytestmark = pytest.mark.integration
 
-COMMITTED = {"isolation.level": "read_committed"}
-
 
 def _ids(records: list[Record]) -> list[str]:
     return [(r.header("id") or r.header("cdc_relay.event_id") or b"").decode() for r in records]
@@ -53,7 +51,9 @@ def _read_committed(
     timeout), with a grace period so that duplicates show too."""
     deadline = time.monotonic() + timeout
     while True:
-        records = consume_all(bootstrap, topics, len(ids), 30, grace=grace, config=COMMITTED)
+        records = consume_all(
+            bootstrap, topics, len(ids), 30, grace=grace, isolation="read_committed"
+        )
         if ids <= set(_ids(records)) or time.monotonic() > deadline:
             return records
         time.sleep(1.0)
