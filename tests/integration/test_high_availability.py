@@ -321,6 +321,28 @@ def _wait_renewed_and_confirmed(database: str, slot: str) -> None:
     )
 
 
+def _leader_at_work(
+    database: str,
+    env: dict[str, str],
+    relays: list[RelayProcess],
+    reader: BackgroundReader,
+    writers: Writers,
+) -> RelayProcess:
+    """The leader, once its events arrive and it renewed its lease and confirmed further: fully
+    at work, ready for the next fault."""
+    leader = _wait_leader(database, env, relays)
+    reader.first_new_event_after(time.monotonic(), writers, 30)
+    _wait_renewed_and_confirmed(database, env["CDC_RELAY_SLOT_NAME"])
+    return leader
+
+
+def _replace(relays: list[RelayProcess], dead: RelayProcess, env: dict[str, str]) -> None:
+    """A new standby in the place of the killed relay ``dead``."""
+    relays.remove(dead)
+    dead.close()
+    _start(relays, env).wait_for_log("standby: another relay leads")
+
+
 def test_three_relays_survive_kills_and_hangs(
     database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
 ) -> None:
@@ -336,16 +358,12 @@ def test_three_relays_survive_kills_and_hangs(
         _wait_leader(database, env, relays)
         with Writers(database, threads=2, rate=1000) as writers:
             for fault in ("kill", "kill", "hang", "kill", "kill", "hang", "kill"):
-                leader = _wait_leader(database, env, relays)
-                reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
-                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                leader = _leader_at_work(database, env, relays, reader, writers)
                 at = time.monotonic()
                 if fault == "kill":
                     leader.kill()
                     took = reader.first_new_event_after(at, writers, 20)
-                    relays.remove(leader)
-                    leader.close()
-                    _start(relays, env).wait_for_log("standby: another relay leads")  # three again
+                    _replace(relays, leader, env)  # three again
                 else:
                     os.kill(leader.pid, signal.SIGSTOP)
                     took = reader.first_new_event_after(at, writers, LEASE + 20)

@@ -49,11 +49,12 @@ from tests.integration.test_high_availability import (
     _by_pid,
     _check_nothing_lost_and_order_kept,
     _env,
+    _leader_at_work,
     _leader_pid,
     _reader,
+    _replace,
     _start,
     _wait_leader,
-    _wait_renewed_and_confirmed,
     relays,  # noqa: F401 - the fixture
 )
 from tests.kafka_helpers import BackgroundReader
@@ -131,9 +132,7 @@ def _zombie_round(
     time.sleep(0.5)  # the released requests reach the broker (and the reader) first
     released = reader.duplicates()
     if killed:
-        running.remove(leader)
-        leader.close()
-        _start(running, env).wait_for_log("standby: another relay leads")
+        _replace(running, leader, env)
     else:
         os.kill(leader.pid, signal.SIGCONT)
         _wait_for_log_since(leader, mark, "lost the leadership", 15)
@@ -182,9 +181,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
         with Writers(database, threads=2, rate=800) as writers:
             local = isinstance(broker, LocalBroker)
             for fault in [f for f in ROUNDS if local or f != "broker pause"]:
-                leader = _wait_leader(database, env, relays)
-                reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
-                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                leader = _leader_at_work(database, env, relays, reader, writers)
                 before = reader.duplicates()
                 at = time.monotonic()
                 if fault.endswith("zombie"):
@@ -204,9 +201,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
                 elif fault == "kill":
                     leader.kill()
                     took = reader.first_new_event_after(at, writers, LEASE + 20)
-                    relays.remove(leader)
-                    leader.close()
-                    _start(relays, env).wait_for_log("standby: another relay leads")
+                    _replace(relays, leader, env)
                     detail = f"takeover {took:.2f}s"
                 else:
                     assert isinstance(broker, LocalBroker)
