@@ -191,7 +191,15 @@ HOSTILE = st.one_of(_row(), _row(), _message())
 # -- reading the outcome --------------------------------------------------------------------------
 
 
-LARGE_RECORDS = {"fetch.message.max.bytes": 8_000_000}  # what a hostile row may make of a record
+def _topics_and_reader(database: str, broker: KafkaBroker, unique: str) -> tuple[str, str, Reader]:
+    """The hostile tables; the events and dead-letter topics, and a reader of both."""
+    create_tables(database)
+    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
+    broker.create_topic(events)
+    broker.create_topic(dead_letter)
+    large = {"fetch.message.max.bytes": 8_000_000}  # what a hostile row may make of a record
+    reader = Reader(broker.bootstrap_servers, [events, dead_letter], config=large)
+    return events, dead_letter, reader
 
 
 def _write(database: str, hostile: Hostile) -> tuple[int, int]:
@@ -259,10 +267,7 @@ def _ids(records: list[Record], header: str = "id") -> list[str]:
 def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
-    create_tables(database)
-    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
-    broker.create_topic(events)
-    broker.create_topic(dead_letter)
+    events, dead_letter, reader = _topics_and_reader(database, broker, unique)
     env = relay_env(
         database,
         broker.bootstrap_servers,
@@ -272,7 +277,6 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
     )
     env.update(trust_messages(database))
     relay = RelayProcess(env).start()
-    reader = Reader(broker.bootstrap_servers, [events, dead_letter], config=LARGE_RECORDS)
     outcomes: list[str] = []
 
     @settings(
@@ -348,11 +352,7 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
 def test_under_the_stop_policy_a_hostile_row_is_published_or_stops_cleanly(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
-    create_tables(database)
-    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
-    broker.create_topic(events)
-    broker.create_topic(dead_letter)
-    reader = Reader(broker.bootstrap_servers, [events, dead_letter], config=LARGE_RECORDS)
+    events, dead_letter, reader = _topics_and_reader(database, broker, unique)
     outcomes: list[str] = []
     messages = trust_messages(database)
 
