@@ -44,6 +44,31 @@ def env(database: str, broker: KafkaBroker, unique: str) -> dict[str, str]:
 
 
 @pytest.fixture
+def least_privilege_env(
+    broker: KafkaBroker,
+    unique: str,
+    least_privilege: tuple[str, str],  # noqa: F811
+) -> dict[str, str]:
+    """Exactly once on, as the documented non-superuser role that may run no DDL."""
+    relay_url, _owner = least_privilege
+    return relay_env(
+        relay_url,
+        broker.bootstrap_servers,
+        unique,
+        publication_name=PUBLICATION,
+        exactly_once="true",
+    )
+
+
+@pytest.fixture
+def topic(broker: KafkaBroker, unique: str) -> str:
+    """The relay's topic for the ``order`` events, one partition."""
+    name = f"{unique}.order"
+    broker.create_topic(name, partitions=1)
+    return name
+
+
+@pytest.fixture
 def relay_id(database: str, env: dict[str, str]) -> str:
     with psycopg.connect(database) as conn:
         row = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
@@ -74,17 +99,10 @@ def _lease(database: str, slot: str, holder: str, valid_for: str) -> None:
 
 
 def test_with_no_relay_leading_check_probes_the_relays_own_id(
-    database: str,
-    broker: KafkaBroker,
-    unique: str,
-    env: dict[str, str],
-    relay_id: str,
-    relay_producer: Producer,
+    database: str, topic: str, env: dict[str, str], relay_id: str, relay_producer: Producer
 ) -> None:
     # The last relay to lead hung: its lease ran out, so nothing alive holds the id.
     _lease(database, env["CDC_RELAY_SLOT_NAME"], "host/1/hung", "-1 second")
-    topic = f"{unique}.order"
-    broker.create_topic(topic, partitions=1)
 
     result = cdc_relay(env, "check")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -102,14 +120,12 @@ def test_with_no_relay_leading_check_probes_the_relays_own_id(
 def test_beside_a_leading_relay_check_probes_the_check_id_and_fences_nothing(
     database: str,
     broker: KafkaBroker,
-    unique: str,
+    topic: str,
     env: dict[str, str],
     relay_id: str,
     relay_producer: Producer,
 ) -> None:
     _lease(database, env["CDC_RELAY_SLOT_NAME"], FORGED_HOLDER, "1 minute")
-    topic = f"{unique}.order"
-    broker.create_topic(topic, partitions=1)
     relay_producer.produce(topic, b"from the leader")
 
     result = cdc_relay(env, "check")
@@ -138,28 +154,16 @@ def test_with_exactly_once_off_check_says_so(database: str, broker: KafkaBroker)
 
 
 def test_as_the_documented_role_check_probes_the_relays_own_id(
-    broker: KafkaBroker,
-    unique: str,
-    least_privilege: tuple[str, str],  # noqa: F811
+    least_privilege_env: dict[str, str],
 ) -> None:
-    relay_url, _owner = least_privilege  # a non-superuser that may run no DDL
-    env = relay_env(
-        relay_url,
-        broker.bootstrap_servers,
-        unique,
-        publication_name=PUBLICATION,
-        exactly_once="true",
-    )
-    line = lines_of(cdc_relay(env, "check"))["transactions"]
+    line = lines_of(cdc_relay(least_privilege_env, "check"))["transactions"]
     assert line.startswith("ok   transactions: the broker accepts init_transactions for cdc-relay.")
     assert line.endswith(", the relay's own transactional.id (no relay leads the slot)"), line
 
 
 def test_check_beside_a_running_leader_leaves_it_leading(
-    database: str, broker: KafkaBroker, unique: str, env: dict[str, str], relay_id: str
+    database: str, broker: KafkaBroker, topic: str, env: dict[str, str], relay_id: str
 ) -> None:
-    topic = f"{unique}.order"
-    broker.create_topic(topic, partitions=1)
     relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
@@ -185,19 +189,9 @@ def test_check_beside_a_running_leader_leaves_it_leading(
 
 
 def test_as_a_role_that_cannot_read_the_lease_check_fences_nothing(
-    database: str,
-    broker: KafkaBroker,
-    unique: str,
-    least_privilege: tuple[str, str],  # noqa: F811
+    database: str, least_privilege_env: dict[str, str]
 ) -> None:
-    relay_url, _owner = least_privilege
-    env = relay_env(
-        relay_url,
-        broker.bootstrap_servers,
-        unique,
-        publication_name=PUBLICATION,
-        exactly_once="true",
-    )
+    env = least_privilege_env
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("REVOKE SELECT ON cdc_relay.leader_lease FROM relay")
     line = lines_of(cdc_relay(env, "check"))["transactions"]

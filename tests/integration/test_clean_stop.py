@@ -7,12 +7,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from collections import Counter
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
@@ -23,6 +21,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
 )
+from tests.kafka_helpers import Reader
 
 pytestmark = pytest.mark.integration
 
@@ -74,23 +73,11 @@ class _Writers:
 
 
 class _Reader:
-    """Everything the topic holds, read incrementally by one consumer."""
+    """Everything the topic holds, read incrementally, counted by event id."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.ids: Counter[str] = Counter()
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"clean-stop-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": 50,
-                "log_level": 3,
-            }
-        )
-        self._consumer.assign(
-            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
-        )
+        self._reader = Reader(bootstrap, topic)
 
     def read(self, quiet: float = 0.5, timeout: float = 30.0) -> None:
         """Read until nothing arrived for ``quiet`` seconds."""
@@ -111,21 +98,18 @@ class _Reader:
 
     def _poll(self) -> int:
         """One batch (up to 0.1 s); how many records it brought."""
-        arrived = 0
-        for message in self._consumer.consume(num_messages=1000, timeout=0.1):
-            if message.error() is not None:
-                continue
-            event_id = dict(message.headers() or [])["id"]
-            assert isinstance(event_id, bytes)
+        records = self._reader.poll(0.1)
+        for record in records:
+            event_id = record.header("id")
+            assert event_id is not None
             self.ids[event_id.decode()] += 1
-            arrived += 1
-        return arrived
+        return len(records)
 
     def duplicates(self) -> list[str]:
         return [event_id for event_id, n in self.ids.items() if n > 1]
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
 
 
 def test_sigterm_under_load_resends_nothing_and_loses_nothing(

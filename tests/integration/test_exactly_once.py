@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
@@ -39,8 +40,6 @@ from tests.kafka_helpers import Record, consume_all
 
 pytestmark = pytest.mark.integration
 
-COMMITTED = {"isolation.level": "read_committed"}
-
 
 def _ids(records: list[Record]) -> list[str]:
     return [(r.header("id") or r.header("cdc_relay.event_id") or b"").decode() for r in records]
@@ -53,7 +52,9 @@ def _read_committed(
     timeout), with a grace period so that duplicates show too."""
     deadline = time.monotonic() + timeout
     while True:
-        records = consume_all(bootstrap, topics, len(ids), 30, grace=grace, config=COMMITTED)
+        records = consume_all(
+            bootstrap, topics, len(ids), 30, grace=grace, isolation="read_committed"
+        )
         if ids <= set(_ids(records)) or time.monotonic() > deadline:
             return records
         time.sleep(1.0)
@@ -65,12 +66,6 @@ def _exactly_once_env(
     return relay_env(database, broker.bootstrap_servers, unique, exactly_once="true", **extra)
 
 
-def _lsn_now(database: str) -> int:
-    from cdc_relay.lsn import parse_lsn  # noqa: PLC0415
-
-    return parse_lsn(str(scalar(database, "SELECT pg_current_wal_insert_lsn()::text")))
-
-
 def _recorded(database: str, slot: str) -> int:
     from cdc_relay.lsn import parse_lsn  # noqa: PLC0415
 
@@ -80,6 +75,31 @@ def _recorded(database: str, slot: str) -> int:
         slot,
     )
     return parse_lsn(str(text)) if text is not None else 0
+
+
+def _write(
+    database: str, batches: list[list[Event]], between: Callable[[], None] | None = None
+) -> int:
+    """Commit each batch as its own transaction; the WAL insert position after the last."""
+    from cdc_relay.lsn import parse_lsn  # noqa: PLC0415
+
+    write_transactions(database, batches, between=between)
+    return parse_lsn(str(scalar(database, "SELECT pg_current_wal_insert_lsn()::text")))
+
+
+def _read_committed_and_confirmed(
+    database: str,
+    slot: str,
+    broker: KafkaBroker,
+    topics: list[str],
+    events: list[Event],
+    written: int,
+) -> list[Record]:
+    """What a read_committed consumer sees once every one of ``events`` arrived, after the slot
+    confirmed past ``written`` (all the test wrote)."""
+    records = _read_committed(broker.bootstrap_servers, topics, {e.id for e in events})
+    wait_until(lambda: slot_confirmed_lsn(database, slot) >= written, 30, "the slot confirmed")
+    return records
 
 
 def _transaction_markers(records: list[Record]) -> int:
@@ -127,10 +147,8 @@ def test_a_read_committed_consumer_sees_each_event_once_in_commit_order(
     relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
-        write_transactions(database, batches)
-        written = _lsn_now(database)
-        records = _read_committed(broker.bootstrap_servers, topics, {e.id for e in events})
-        wait_until(lambda: slot_confirmed_lsn(database, slot) >= written, 30, "the slot confirmed")
+        written = _write(database, batches)
+        records = _read_committed_and_confirmed(database, slot, broker, topics, events, written)
         assert _recorded(database, slot) >= written, "the position record is confirmed too"
         assert relay.stop() == 0
         logs = relay.logs()
@@ -197,14 +215,14 @@ def test_an_aborted_kafka_transaction_is_sent_again(
         _read_committed(local_broker.bootstrap_servers, [topic], {e.id for e in before}, 30, 0)
         local_broker.pause()
         try:
-            write_transactions(database, [during])
-            written = _lsn_now(database)
+            written = _write(database, [during])
             relay.wait_for_log("inside a Kafka transaction", 30)  # the delivery failed
             assert slot_confirmed_lsn(database, slot) < written, "nothing of it confirmed"
         finally:
             local_broker.resume()
-        records = _read_committed(local_broker.bootstrap_servers, [topic], {e.id for e in during})
-        wait_until(lambda: slot_confirmed_lsn(database, slot) >= written, 30, "the slot confirmed")
+        records = _read_committed_and_confirmed(
+            database, slot, local_broker, [topic], during, written
+        )
         assert relay.stop() == 0
         logs = relay.logs()
     finally:
@@ -246,12 +264,10 @@ def test_a_producer_that_fences_the_relay_makes_it_stand_by_and_lose_nothing(
             }
         )
         fencer.init_transactions(30)
-        write_transactions(database, after, between=lambda: time.sleep(0.05))
-        written = _lsn_now(database)
+        written = _write(database, after, between=lambda: time.sleep(0.05))
         relay.wait_for_log("lost the leadership", 30)
         events = first + [e for batch in after for e in batch]
-        records = _read_committed(broker.bootstrap_servers, [topic], {e.id for e in events})
-        wait_until(lambda: slot_confirmed_lsn(database, slot) >= written, 30, "the slot confirmed")
+        records = _read_committed_and_confirmed(database, slot, broker, [topic], events, written)
         assert relay.stop() == 0
         logs = relay.logs()
     finally:
@@ -276,10 +292,8 @@ def test_a_postgresql_transaction_larger_than_the_split_bound_arrives_complete_o
     relay = RelayProcess(env).start()
     try:
         relay.wait_streaming()
-        write_transactions(database, [large])
-        written = _lsn_now(database)
-        records = _read_committed(broker.bootstrap_servers, [topic], {e.id for e in large})
-        wait_until(lambda: slot_confirmed_lsn(database, slot) >= written, 30, "the slot confirmed")
+        written = _write(database, [large])
+        records = _read_committed_and_confirmed(database, slot, broker, [topic], large, written)
         assert relay.stop() == 0
         logs = relay.logs()
     finally:

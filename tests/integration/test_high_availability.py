@@ -18,8 +18,6 @@ from collections.abc import Iterator
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.errors import LeadershipLost
@@ -38,6 +36,7 @@ from tests.integration.relay_support import (
     wait_until,
 )
 from tests.integration.test_admin import cdc_relay, lines_of
+from tests.kafka_helpers import BackgroundReader, Isolation
 
 pytestmark = pytest.mark.integration
 
@@ -131,85 +130,31 @@ class Writers:
             return self.began.get(event_id)
 
 
-class LiveConsumer:
-    """Reads the topic from the beginning while the test runs; notes each record's arrival."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(10)
-        self.arrivals: list[tuple[float, str, bytes]] = []  # (monotonic, event id, value)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"ha-{topic}",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
-                "log_level": 3,
-            }
-        )
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for message in self._consumer.consume(num_messages=1000, timeout=0.02):
-                if message.error() is not None:
-                    continue
-                now = time.monotonic()
-                headers = dict(message.headers() or [])
-                raw_id = headers.get("id") or b""
-                event_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                with self._lock:
-                    self.arrivals.append((now, event_id, bytes(message.value() or b"")))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
-
-    def snapshot(self) -> list[tuple[float, str, bytes]]:
-        with self._lock:
-            return list(self.arrivals)
-
-    def first_new_event_after(self, fault: float, writers: Writers, timeout: float) -> float:
-        """Seconds from ``fault`` to the arrival of the first event begun after it."""
-        deadline = time.monotonic() + timeout
-        index = 0
-        while time.monotonic() < deadline:
-            arrivals = self.snapshot()
-            for at, event_id, _value in arrivals[index:]:
-                began = writers.began_at(event_id)
-                if began is not None and began > fault:
-                    return at - fault
-            index = len(arrivals)
-            time.sleep(0.01)
-        raise AssertionError(f"no event begun after the fault arrived within {timeout}s")
+def _reader(
+    broker: KafkaBroker, unique: str, isolation: Isolation = "read_uncommitted"
+) -> BackgroundReader:
+    """A reader of the test's topic, which it creates with :data:`PARTITIONS` partitions."""
+    topic = f"{unique}.order"
+    broker.create_topic(topic, PARTITIONS)
+    return BackgroundReader(broker.bootstrap_servers, topic, isolation=isolation)
 
 
-def _check_nothing_lost_and_order_kept(consumer: LiveConsumer, writers: Writers) -> int:
+def _check_nothing_lost_and_order_kept(
+    reader: BackgroundReader, writers: Writers
+) -> tuple[int, dict[str, list[int]]]:
     """Every committed event arrived; per aggregate, first occurrences in commit order.
-    Returns the number of duplicates."""
+    Returns the number of duplicates and each aggregate's sequence numbers as they arrived."""
     expected = {event_id for event_id, _, _ in writers.events}
-    wait_until(
-        lambda: expected <= {a[1] for a in consumer.snapshot()},
-        60,
-        "every committed event to arrive",
-    )
-    firsts: defaultdict[str, list[int]] = defaultdict(list)
-    seen: set[str] = set()
-    arrivals = consumer.snapshot()
-    for _at, event_id, value in arrivals:
-        if event_id in seen:
-            continue
-        seen.add(event_id)
-        payload = orjson.loads(value)
-        firsts[payload["agg"]].append(payload["seq"])
-    for aggregate, sequence in firsts.items():
-        assert sequence == list(range(len(sequence))), f"order broken for {aggregate}"
-    return len(arrivals) - len(seen)
+    wait_until(lambda: expected <= reader.event_ids(), 60, "every committed event to arrive")
+    arrivals = reader.snapshot()
+    sequences: defaultdict[str, list[int]] = defaultdict(list)
+    for arrival in arrivals:
+        payload = orjson.loads(arrival.record.value or b"")
+        sequences[payload["agg"]].append(payload["seq"])
+    for aggregate, arrived in sequences.items():
+        firsts = list(dict.fromkeys(arrived))
+        assert firsts == list(range(len(firsts))), f"order broken for {aggregate}"
+    return len(arrivals) - len({arrival.event_id for arrival in arrivals}), dict(sequences)
 
 
 @pytest.fixture
@@ -282,20 +227,20 @@ def test_a_clean_stop_hands_over_within_two_seconds(
 ) -> None:
     create_outbox(database)
     env = _env(database, broker, unique)
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     try:
         _start(relays, env)
         _start(relays, env)
         leader = _wait_leader(database, env, relays)  # the slot exists: events from now on
         with Writers(database, threads=1, rate=200) as writers:
-            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            reader.first_new_event_after(time.monotonic(), writers, 20)
             fault = time.monotonic()
             leader.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-            took = consumer.first_new_event_after(fault, writers, 20)
+            took = reader.first_new_event_after(fault, writers, 20)
             assert leader.wait(30) == 0
-        _check_nothing_lost_and_order_kept(consumer, writers)
+        _check_nothing_lost_and_order_kept(reader, writers)
     finally:
-        consumer.close()
+        reader.close()
     print(f"\nSIGTERM takeover: {took:.2f}s")
     assert took <= 2.0
 
@@ -306,7 +251,7 @@ def test_a_woken_leader_confirms_nothing_and_stands_by(
     create_outbox(database)
     slot = f"slot_{unique}"
     env = _env(database, broker, unique, log_level="DEBUG")
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     sampler: PositionSampler | None = None
     try:
         _start(relays, env)
@@ -314,11 +259,11 @@ def test_a_woken_leader_confirms_nothing_and_stands_by(
         old = _wait_leader(database, env, relays)
         with Writers(database, threads=1, rate=200) as writers:
             sampler = PositionSampler(database, slot)
-            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            reader.first_new_event_after(time.monotonic(), writers, 20)
             stopped_at_log = len(old.logs())
             fault = time.monotonic()
             os.kill(old.pid, signal.SIGSTOP)
-            took = consumer.first_new_event_after(fault, writers, LEASE + 10)
+            took = reader.first_new_event_after(fault, writers, LEASE + 10)
             new = _by_pid(relays, _leader_pid(database, slot))
             assert new is not old
             time.sleep(2 * RENEW + 1)  # the new leader confirms a few times
@@ -327,11 +272,11 @@ def test_a_woken_leader_confirms_nothing_and_stands_by(
             old.wait_for_log("standby: another relay leads", 15)
             time.sleep(1)
             assert _leader_pid(database, slot) == new.pid
-        _check_nothing_lost_and_order_kept(consumer, writers)
+        _check_nothing_lost_and_order_kept(reader, writers)
     finally:
         if sampler is not None:
             sampler.close()
-        consumer.close()
+        reader.close()
     print(f"\nSIGSTOP takeover: {took:.2f}s (lease {LEASE:g}s)")
     woken = old.logs()[stopped_at_log:]
     assert "cdc_relay.confirmation: confirmed" not in woken, woken
@@ -376,6 +321,28 @@ def _wait_renewed_and_confirmed(database: str, slot: str) -> None:
     )
 
 
+def _leader_at_work(
+    database: str,
+    env: dict[str, str],
+    relays: list[RelayProcess],
+    reader: BackgroundReader,
+    writers: Writers,
+) -> RelayProcess:
+    """The leader, once its events arrive and it renewed its lease and confirmed further: fully
+    at work, ready for the next fault."""
+    leader = _wait_leader(database, env, relays)
+    reader.first_new_event_after(time.monotonic(), writers, 30)
+    _wait_renewed_and_confirmed(database, env["CDC_RELAY_SLOT_NAME"])
+    return leader
+
+
+def _replace(relays: list[RelayProcess], dead: RelayProcess, env: dict[str, str]) -> None:
+    """A new standby in the place of the killed relay ``dead``."""
+    relays.remove(dead)
+    dead.close()
+    _start(relays, env).wait_for_log("standby: another relay leads")
+
+
 def test_three_relays_survive_kills_and_hangs(
     database: str, broker: KafkaBroker, unique: str, relays: list[RelayProcess]
 ) -> None:
@@ -383,7 +350,7 @@ def test_three_relays_survive_kills_and_hangs(
     create_outbox(database)
     env = _env(database, broker, unique)
     slot = env["CDC_RELAY_SLOT_NAME"]
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     times: dict[str, list[float]] = {"kill": [], "hang": []}
     try:
         for _ in range(3):
@@ -391,27 +358,23 @@ def test_three_relays_survive_kills_and_hangs(
         _wait_leader(database, env, relays)
         with Writers(database, threads=2, rate=1000) as writers:
             for fault in ("kill", "kill", "hang", "kill", "kill", "hang", "kill"):
-                leader = _wait_leader(database, env, relays)
-                consumer.first_new_event_after(time.monotonic(), writers, 30)  # healthy
-                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                leader = _leader_at_work(database, env, relays, reader, writers)
                 at = time.monotonic()
                 if fault == "kill":
                     leader.kill()
-                    took = consumer.first_new_event_after(at, writers, 20)
-                    relays.remove(leader)
-                    leader.close()
-                    _start(relays, env).wait_for_log("standby: another relay leads")  # three again
+                    took = reader.first_new_event_after(at, writers, 20)
+                    _replace(relays, leader, env)  # three again
                 else:
                     os.kill(leader.pid, signal.SIGSTOP)
-                    took = consumer.first_new_event_after(at, writers, LEASE + 20)
+                    took = reader.first_new_event_after(at, writers, LEASE + 20)
                     os.kill(leader.pid, signal.SIGCONT)
                     leader.wait_for_log("lost the leadership", 15)
                 times[fault].append(took)
                 assert _leader_pid(database, slot) != leader.pid
-        duplicates = _check_nothing_lost_and_order_kept(consumer, writers)
+        duplicates, _ = _check_nothing_lost_and_order_kept(reader, writers)
         written = len(writers.events)
     finally:
-        consumer.close()
+        reader.close()
     for relay in relays:
         assert relay.stop() == 0, relay.logs()
     print(f"\nsoak: {written} events, {duplicates} duplicates")
@@ -434,7 +397,7 @@ def test_a_renewal_blocked_by_a_locked_lease_row_keeps_the_leadership(
     lease = 12.0  # longer than the lock below; the renewal's timeout is a quarter of it (3 s)
     locked_for = 6.0  # longer than the renewal's statement_timeout (before: a fixed 5 s)
     env = {**_env(database, broker, unique), "CDC_RELAY_LEADER_LEASE_TIMEOUT": str(lease)}
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     try:
         first = _start(relays, env).wait_streaming()
         second = _start(relays, env)
@@ -443,7 +406,7 @@ def test_a_renewal_blocked_by_a_locked_lease_row_keeps_the_leadership(
             database, "SELECT holder FROM cdc_relay.leader_lease WHERE slot_name = %s", slot
         )
         with Writers(database, threads=1, rate=200) as writers:
-            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            reader.first_new_event_after(time.monotonic(), writers, 20)
             with psycopg.connect(database) as conn:
                 conn.execute(
                     "SELECT 1 FROM cdc_relay.leader_lease WHERE slot_name = %s FOR UPDATE", (slot,)
@@ -451,11 +414,11 @@ def test_a_renewal_blocked_by_a_locked_lease_row_keeps_the_leadership(
                 time.sleep(locked_for)
                 conn.rollback()
             released = time.monotonic()
-            flowing = consumer.first_new_event_after(released, writers, 10)
+            flowing = reader.first_new_event_after(released, writers, 10)
             time.sleep(2 * RENEW + 1)
-        _check_nothing_lost_and_order_kept(consumer, writers)
+        _check_nothing_lost_and_order_kept(reader, writers)
     finally:
-        consumer.close()
+        reader.close()
     print(f"\nlease row locked {locked_for:g}s: events flowing again {flowing:.2f}s after release")
     assert "cdc_relay.leadership: leading" not in second.logs(), "the standby led"
     assert "lost the leadership" not in first.logs()

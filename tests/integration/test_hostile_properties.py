@@ -11,15 +11,12 @@ UTF-8, every column NULL, numbers at the edges, other column types.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
@@ -34,7 +31,7 @@ from tests.integration.hostile_support import (
     outbox_tables_setting,
 )
 from tests.integration.relay_support import RelayProcess, relay_env, scalar, trust_messages
-from tests.kafka_helpers import Record, _record
+from tests.kafka_helpers import Reader, Record
 
 # Each runs for both output plugins (pgoutput, wal2json): the decoders meet the hostile values too.
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
@@ -194,34 +191,15 @@ HOSTILE = st.one_of(_row(), _row(), _message())
 # -- reading the outcome --------------------------------------------------------------------------
 
 
-class _Reader:
-    """Everything that arrives on the topics, read incrementally (assign, never subscribe)."""
-
-    def __init__(self, bootstrap: str, topics: list[str]) -> None:
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"hostile-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": 50,
-                "fetch.message.max.bytes": 8_000_000,
-                "log_level": 3,
-            }
-        )
-        self._consumer.assign([TopicPartition(t, 0, OFFSET_BEGINNING) for t in topics])
-
-    def read_until(self, done: Callable[[list[Record]], bool], timeout: float) -> list[Record]:
-        records: list[Record] = []
-        deadline = time.monotonic() + timeout
-        while not done(records) and time.monotonic() < deadline:
-            for message in self._consumer.consume(num_messages=100, timeout=0.1):
-                if message.error() is None:
-                    records.append(_record(message))
-        return records
-
-    def close(self) -> None:
-        self._consumer.close()
+def _topics_and_reader(database: str, broker: KafkaBroker, unique: str) -> tuple[str, str, Reader]:
+    """The hostile tables; the events and dead-letter topics, and a reader of both."""
+    create_tables(database)
+    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
+    broker.create_topic(events)
+    broker.create_topic(dead_letter)
+    large = {"fetch.message.max.bytes": 8_000_000}  # what a hostile row may make of a record
+    reader = Reader(broker.bootstrap_servers, [events, dead_letter], config=large)
+    return events, dead_letter, reader
 
 
 def _write(database: str, hostile: Hostile) -> tuple[int, int]:
@@ -289,10 +267,7 @@ def _ids(records: list[Record], header: str = "id") -> list[str]:
 def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
-    create_tables(database)
-    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
-    broker.create_topic(events)
-    broker.create_topic(dead_letter)
+    events, dead_letter, reader = _topics_and_reader(database, broker, unique)
     env = relay_env(
         database,
         broker.bootstrap_servers,
@@ -302,7 +277,6 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
     )
     env.update(trust_messages(database))
     relay = RelayProcess(env).start()
-    reader = _Reader(broker.bootstrap_servers, [events, dead_letter])
     outcomes: list[str] = []
 
     @settings(
@@ -378,11 +352,7 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
 def test_under_the_stop_policy_a_hostile_row_is_published_or_stops_cleanly(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
-    create_tables(database)
-    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
-    broker.create_topic(events)
-    broker.create_topic(dead_letter)
-    reader = _Reader(broker.bootstrap_servers, [events, dead_letter])
+    events, dead_letter, reader = _topics_and_reader(database, broker, unique)
     outcomes: list[str] = []
     messages = trust_messages(database)
 

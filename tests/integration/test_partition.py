@@ -32,12 +32,12 @@ from tests.integration.tcp_proxy import TcpProxy
 from tests.integration.test_high_availability import (
     LEASE,
     RENEW,
-    LiveConsumer,
     Writers,
     _by_pid,
     _check_nothing_lost_and_order_kept,
     _env,
     _leader_pid,
+    _reader,
     _start,
     relays,  # noqa: F401 - the fixture
 )
@@ -107,7 +107,7 @@ def test_a_partitioned_leader_steps_down_and_comes_back_as_a_working_standby(
     ports = [free_port(), free_port()]
     cut_off = _env(proxy.url(database), broker, unique, http_port=str(ports[0]), log_level="DEBUG")
     direct = _env(database, broker, unique, http_port=str(ports[1]), log_level="DEBUG")
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     sampler: PositionSampler | None = None
     try:
         old = _start(relays, cut_off).wait_streaming()
@@ -116,14 +116,14 @@ def test_a_partitioned_leader_steps_down_and_comes_back_as_a_working_standby(
         assert _leader_pid(database, slot) == old.pid
         with Writers(database, threads=1, rate=200) as writers:
             sampler = PositionSampler(database, slot)
-            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            reader.first_new_event_after(time.monotonic(), writers, 20)
             wait_until(lambda: bool(_confirmed_since(old, 0)), 20, "old to confirm")
             fault = time.monotonic()
             proxy.cut()
             # The cut-off leader says by itself, by its own clock, that it no longer leads.
             role = RoleWatch(ports[0], "standby")
             # The standby takes over once the lease has expired by the database's clock.
-            took = consumer.first_new_event_after(fault, writers, LEASE + 15)
+            took = reader.first_new_event_after(fault, writers, LEASE + 15)
             assert _by_pid(relays, _leader_pid(database, slot)) is new
             after_takeover = len(old.logs())
             stepped_down = role.wait(LEASE + 10) - fault
@@ -143,14 +143,14 @@ def test_a_partitioned_leader_steps_down_and_comes_back_as_a_working_standby(
             # It really is a working standby: it takes over when the new leader dies.
             killed = time.monotonic()
             new.kill()
-            retook = consumer.first_new_event_after(killed, writers, LEASE + 15)
+            retook = reader.first_new_event_after(killed, writers, LEASE + 15)
             assert _leader_pid(database, slot) == old.pid
         sampler.close()
-        duplicates = _check_nothing_lost_and_order_kept(consumer, writers)
+        duplicates, _ = _check_nothing_lost_and_order_kept(reader, writers)
     finally:
         if sampler is not None:
             sampler.close()
-        consumer.close()
+        reader.close()
     print(
         f"\npartition (lease {LEASE:g}s, renew {RENEW:g}s): standby took over {took:.2f}s after "
         f"the cut; the cut-off leader said standby {stepped_down:.2f}s after it; after the heal "
@@ -174,7 +174,7 @@ def test_a_partitioned_relay_recovers_by_itself_after_the_heal(
 ) -> None:
     create_outbox(database)
     slot = f"slot_{unique}"
-    consumer = LiveConsumer(broker.bootstrap_servers, f"{unique}.order")
+    reader = _reader(broker, unique)
     # Far longer than every timeout that detects a dead connection (at most the lease here).
     # Without them TCP's retransmission backoff alone revives the connections, some time after
     # the heal that grows with the partition's length (about as long again).
@@ -182,16 +182,16 @@ def test_a_partitioned_relay_recovers_by_itself_after_the_heal(
     try:
         relay = _start(relays, _env(proxy.url(database), broker, unique)).wait_streaming()
         with Writers(database, threads=1, rate=200) as writers:
-            consumer.first_new_event_after(time.monotonic(), writers, 20)
+            reader.first_new_event_after(time.monotonic(), writers, 20)
             proxy.cut()
             time.sleep(partition)
             healed = time.monotonic()
             proxy.heal()
-            recovered = consumer.first_new_event_after(healed, writers, 60)
+            recovered = reader.first_new_event_after(healed, writers, 60)
             time.sleep(1)
-        duplicates = _check_nothing_lost_and_order_kept(consumer, writers)
+        duplicates, _ = _check_nothing_lost_and_order_kept(reader, writers)
     finally:
-        consumer.close()
+        reader.close()
     print(
         f"\nsingle relay, {partition:g}s partition (lease {LEASE:g}s): relaying again "
         f"{recovered:.2f}s after the heal; {len(writers.events)} events, {duplicates} duplicates"

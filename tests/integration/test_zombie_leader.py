@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from cdc_relay.local import LocalBroker
 from cdc_relay.local.lifetime import wait_stopped
@@ -48,16 +45,19 @@ from tests.integration.holding_proxy import Held, HoldingProxy
 from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
 from tests.integration.test_high_availability import (
     LEASE,
-    PARTITIONS,
     Writers,
     _by_pid,
+    _check_nothing_lost_and_order_kept,
     _env,
+    _leader_at_work,
     _leader_pid,
+    _reader,
+    _replace,
     _start,
     _wait_leader,
-    _wait_renewed_and_confirmed,
     relays,  # noqa: F401 - the fixture
 )
+from tests.kafka_helpers import BackgroundReader
 
 pytestmark = pytest.mark.integration
 
@@ -73,80 +73,6 @@ ROUNDS = (
     "stopped zombie",
 )
 CONFIRMED = "cdc_relay.confirmation: confirmed"
-
-
-class CommittedReader:
-    """Reads the topic with ``isolation.level=read_committed`` from the start while the test
-    runs; keeps each record's event id and payload in the order of its partition, each offset
-    once (a fetch that returns records again after a broker pause is not a duplicate)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.arrivals: list[tuple[float, str, int, bytes]] = []  # (when, id, partition, value)
-        self._offsets: set[tuple[int, int]] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"zombie-{topic}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 10,
-                "log_level": 3,
-            }
-        )
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        self.errors: list[str] = []
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for message in self._consumer.consume(num_messages=1000, timeout=0.02):
-                error = message.error()
-                if error is not None:
-                    self.errors.append(str(error))
-                    continue
-                raw = dict(message.headers() or []).get("id") or b""
-                event_id = raw.decode() if isinstance(raw, bytes) else raw
-                partition, offset = message.partition(), message.offset()
-                assert partition is not None
-                assert offset is not None
-                if (partition, offset) in self._offsets:
-                    continue
-                self._offsets.add((partition, offset))
-                with self._lock:
-                    self.arrivals.append(
-                        (time.monotonic(), event_id, partition, bytes(message.value() or b""))
-                    )
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
-
-    def snapshot(self) -> list[tuple[float, str, int, bytes]]:
-        with self._lock:
-            return list(self.arrivals)
-
-    def first_new_event_after(self, fault: float, writers: Writers, timeout: float) -> float:
-        """Seconds from ``fault`` to the arrival of the first event whose transaction began
-        after it (only a relay at work after the fault can have published it)."""
-        deadline = time.monotonic() + timeout
-        index = 0
-        while time.monotonic() < deadline:
-            arrivals = self.snapshot()
-            for at, event_id, _partition, _value in arrivals[index:]:
-                began = writers.began_at(event_id)
-                if began is not None and began > fault:
-                    return at - fault
-            index = len(arrivals)
-            time.sleep(0.01)
-        raise AssertionError(f"no event begun after the fault arrived within {timeout}s")
-
-    def duplicates(self) -> int:
-        counts = Counter(event_id for _at, event_id, _p, _v in self.snapshot())
-        return sum(n - 1 for n in counts.values())
 
 
 @pytest.fixture
@@ -172,7 +98,7 @@ class ZombieRound:
 
 def _zombie_round(
     proxy: HoldingProxy,
-    reader: CommittedReader,
+    reader: BackgroundReader,
     writers: Writers,
     running: list[RelayProcess],
     env: dict[str, str],
@@ -206,9 +132,7 @@ def _zombie_round(
     time.sleep(0.5)  # the released requests reach the broker (and the reader) first
     released = reader.duplicates()
     if killed:
-        running.remove(leader)
-        leader.close()
-        _start(running, env).wait_for_log("standby: another relay leads")
+        _replace(running, leader, env)
     else:
         os.kill(leader.pid, signal.SIGCONT)
         _wait_for_log_since(leader, mark, "lost the leadership", 15)
@@ -228,21 +152,6 @@ def _zombie_round(
     )  # fmt: skip
 
 
-def _count(reader: CommittedReader, writers: Writers) -> tuple[int, int, dict[str, list[int]]]:
-    """(duplicates, lost, each aggregate's sequence numbers in the order they arrived)."""
-    expected = {event_id for event_id, _, _ in writers.events}
-    wait_until(
-        lambda: expected <= {a[1] for a in reader.snapshot()}, 60, "every written event to arrive"
-    )
-    arrivals = reader.snapshot()
-    sequences: defaultdict[str, list[int]] = defaultdict(list)
-    for _at, _event_id, _partition, value in arrivals:
-        payload = orjson.loads(value)
-        sequences[payload["agg"]].append(payload["seq"])
-    seen = {a[1] for a in arrivals}
-    return len(arrivals) - len(seen), len(expected - seen), dict(sequences)
-
-
 @pytest.mark.parametrize("exactly_once", ["false", "true"])
 def test_a_zombie_leader_publishes_nothing_twice(
     database: str,
@@ -253,8 +162,6 @@ def test_a_zombie_leader_publishes_nothing_twice(
     exactly_once: str,
 ) -> None:
     create_outbox(database)
-    topic = f"{unique}.order"
-    broker.create_topic(topic, PARTITIONS)
     env = _env(
         database,
         broker,
@@ -263,7 +170,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
         kafka_bootstrap_servers=proxy.bootstrap_servers,
     )
     slot = env["CDC_RELAY_SLOT_NAME"]
-    reader = CommittedReader(broker.bootstrap_servers, topic)
+    reader = _reader(broker, unique, "read_committed")
     zombies: list[ZombieRound] = []
     report: list[str] = []
     by_round: list[tuple[str, int]] = []
@@ -274,9 +181,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
         with Writers(database, threads=2, rate=800) as writers:
             local = isinstance(broker, LocalBroker)
             for fault in [f for f in ROUNDS if local or f != "broker pause"]:
-                leader = _wait_leader(database, env, relays)
-                reader.first_new_event_after(time.monotonic(), writers, 30)  # healthy
-                _wait_renewed_and_confirmed(database, slot)  # the leader is fully at work
+                leader = _leader_at_work(database, env, relays, reader, writers)
                 before = reader.duplicates()
                 at = time.monotonic()
                 if fault.endswith("zombie"):
@@ -296,9 +201,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
                 elif fault == "kill":
                     leader.kill()
                     took = reader.first_new_event_after(at, writers, LEASE + 20)
-                    relays.remove(leader)
-                    leader.close()
-                    _start(relays, env).wait_for_log("standby: another relay leads")
+                    _replace(relays, leader, env)
                     detail = f"takeover {took:.2f}s"
                 else:
                     assert isinstance(broker, LocalBroker)
@@ -311,7 +214,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
                 by_round.append((fault, reader.duplicates() - before))
                 report.append(f"{fault}: {by_round[-1][1]} duplicates ({detail})")
                 print(f"\n{report[-1]}", end="")
-        duplicates, lost, sequences = _count(reader, writers)
+        duplicates, sequences = _check_nothing_lost_and_order_kept(reader, writers)
         written = len(writers.events)
     finally:
         reader.close()
@@ -319,14 +222,10 @@ def test_a_zombie_leader_publishes_nothing_twice(
         assert relay.stop() == 0, relay.logs()
     print(
         f"\nCDC_RELAY_EXACTLY_ONCE={exactly_once}: {written} events written, {duplicates} "
-        f"duplicates, {lost} lost"
+        "duplicates, nothing lost"
     )
     assert not reader.errors, reader.errors
     assert not proxy.errors, proxy.errors
-    assert lost == 0
-    for aggregate, arrived in sequences.items():
-        firsts = list(dict.fromkeys(arrived))
-        assert firsts == list(range(len(firsts))), f"order broken for {aggregate}"
     if exactly_once == "false":
         # At-least-once: every zombie round appends the old leader's copies, and they are seen.
         assert all(z.released_duplicates + z.woken_duplicates > 0 for z in zombies), report
@@ -341,7 +240,7 @@ def test_a_zombie_leader_publishes_nothing_twice(
             # successor's re-send of a transaction the old leader left open shows as a second
             # copy here, where Apache Kafka aborts and hides the first. Allowed on Tansu: at most
             # two copies of an event (the fence refused every held and queued request: above).
-            copies = Counter(event_id for _at, event_id, _p, _v in reader.snapshot())
+            copies = Counter(arrival.event_id for arrival in reader.snapshot())
             assert max(copies.values()) <= 2, report
             print(f"\nTansu: {duplicates} second copies of transactions left open ({by_round})")
         else:
