@@ -96,6 +96,15 @@ class PlainFormatter(logging.Formatter):
         room = _room(left, 1)
         if room >= 0:
             add(" " + _printable(cut(record.getMessage(), room)))
+        # The traceback gets its room before the fields (it says what failed), and goes last:
+        # its lines are indented continuation lines of the first.
+        trace = ""
+        if record.exc_info:
+            room = _room(left, 0)
+            if room >= 0:
+                text = cut_middle(self.formatException(record.exc_info), room)
+                trace = "".join(f"\n  {_printable(line)}" for line in text.splitlines())
+                left -= _size(trace)
         dropped = 0
         for key, value in fields_of(record).items():
             prefix = f" {_printable(cut(_text(key), _MAX_NAME_CHARS))}="
@@ -104,13 +113,9 @@ class PlainFormatter(logging.Formatter):
                 dropped += 1
                 continue
             add(prefix + _plain(cut(_text(value), room)))
-        if record.exc_info:
-            room = _room(left, 0)
-            if room >= 0:
-                trace = cut_middle(self.formatException(record.exc_info), room)
-                add("".join(f"\n  {_printable(text)}" for text in trace.splitlines()))
         if dropped:
             parts.append(f" {_CUT_FIELDS}={dropped}")
+        parts.append(trace)
         return "".join(parts)
 
 
@@ -121,10 +126,12 @@ class JsonFormatter(logging.Formatter):
             "level": cut(_text(record.levelname), _MAX_NAME_CHARS),
             "logger": cut(_text(record.name), _MAX_NAME_CHARS),
             "msg": record.getMessage(),
-            **fields_of(record),
         }
-        if record.exc_info:
+        if record.exc_info:  # its room before the fields': it says what failed
             data["exc"] = self.formatException(record.exc_info)
+        for key, value in fields_of(record).items():
+            if key != "exc" or "exc" not in data:
+                data[key] = value
         pieces: list[bytes] = []
         left = MAX_LINE_BYTES - 1 - 2 - _RESERVED_BYTES  # the newline, the braces
         dropped = 0

@@ -15,7 +15,7 @@ from typing import Any
 from unittest.mock import Mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
@@ -138,6 +138,12 @@ values = st.recursive(
     fields=st.dictionaries(texts, values, max_size=12),
     exc_text=st.none() | texts,
     url=st.text(min_size=1, max_size=20),  # printable or not, libpq parses it or not
+)
+@example(  # long fields after a long message: the traceback still has its room
+    msg="0\x1f\U00018cd6" * 1355,
+    fields={"": ["\x1f\x1f\x1f" * 350], "00": "\U0003134b" * 3990},
+    exc_text="",
+    url="0",
 )
 def test_any_record_is_one_bounded_line_without_secrets(
     msg: str, fields: dict[str, Any], exc_text: str | None, url: str
