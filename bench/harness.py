@@ -117,15 +117,15 @@ def _proc_stat(pid: str) -> ProcessCPU | None:
 
 def cpu_seconds_with_children(pid: int) -> float:
     """utime + stime of ``pid`` (all its threads) and of its children it waited for, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    process = parse_stat(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    return process.cpu + process.reaped
 
 
 def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
     """utime + stime of one thread (the main thread by default: its id is the process's)."""
     tid = pid if tid is None else tid
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return parse_stat(text, os.sysconf("SC_CLK_TCK")).cpu
 
 
 def process_snapshot() -> dict[int, ProcessCPU]:

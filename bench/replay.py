@@ -42,8 +42,8 @@ from bench.harness import (
     TOPIC_PARTITIONS,
     create_outbox,
 )
+from cdc_relay import collector
 from cdc_relay.checkpoint import PostgresCheckpointStore
-from cdc_relay.cli import tune_garbage_collector
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.errors import RelayError, StopSession
@@ -289,7 +289,7 @@ def _totals(path: Path) -> int:
 def child(frames_path: Path, url: str, bootstrap: str, extra: dict[str, Any]) -> None:
     """The measured process under callgrind: one replay, instrumentation on around the loop."""
     frames = load_frames(frames_path)
-    tune_garbage_collector()
+    collector.tune()
     settings = settings_for(url, bootstrap, extra=extra)
     replay_once(frames, settings, toggle=["callgrind_control", "-i"])
 
@@ -310,7 +310,7 @@ def run(
         write_backlog(url, rows, per_txn)
         settings = settings_for(url, broker.bootstrap_servers, extra=extra)
         frames = record(url, settings, rows)
-        tune_garbage_collector()  # as `python -m cdc_relay` does
+        collector.tune()  # as `python -m cdc_relay` does
         runs = [replay_once(frames, settings) for _ in range(repeat)]
         result: dict[str, Any] = {
             "rows": rows,

@@ -262,7 +262,7 @@ def run(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("starting", extra={"fields": {"version": __version__, **_flat(settings.describe())}})
-    tune_garbage_collector()
+    collector.tune()
     try:
         relay.run()
     except RelayError as exc:
@@ -274,11 +274,6 @@ def run(settings: Settings) -> int:
         log.exception("unexpected error, exiting")
         return 70
     return 0
-
-
-def tune_garbage_collector() -> None:
-    """See :mod:`cdc_relay.collector`."""
-    collector.tune()
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:
