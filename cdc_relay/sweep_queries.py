@@ -53,9 +53,33 @@ def select_page(
 ) -> tuple[int, list[object]]:
     """Up to ``limit`` candidate keys after ``after`` (None: from the first), in key order, and
     the fence they were read below (0 when there are none). Keys as text (see above)."""
+    statement, params = page_statement(swept, after, boundary, created_at=created_at, limit=limit)
+    rows = conn.execute(statement, params).fetchall()
+    if not rows:
+        return 0, []
+    fence = min(parse_lsn(str(row[0])) for row in rows)
+    if len(swept.key) == 1:
+        return fence, [row[1] for row in rows]
+    return fence, [tuple(row[1:]) for row in rows]
+
+
+def page_statement(
+    swept: SweptTable,
+    after: object,
+    boundary: int,
+    *,
+    created_at: sql.Composable | None,
+    limit: int,
+) -> tuple[sql.Composed, list[object]]:
+    """:func:`select_page`'s statement and parameters: the fence and the key's text, in key
+    order along the key's index, so that a page reads about ``limit`` rows whatever the
+    table's size."""
     key = [sql.Identifier(c) for c in swept.key]
-    columns = sql.SQL(", ").join(key)
-    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in key)
+    # Qualified: in ORDER BY a bare name is first the output column of that name, here the
+    # key's text, which no index orders (every page a scan of the whole table and a sort) and
+    # whose order is not the key's (an integer key's next page would skip "2" after "10").
+    columns = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
+    texts = sql.SQL(", ").join(sql.SQL("t.{}::text").format(c) for c in key)
     # Only rows of transactions the slot is sure to have streamed (see
     # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
     # wraparound, and a frozen xmin has the greatest age, so it is never taken.
@@ -76,7 +100,7 @@ def select_page(
     # One statement: its snapshot precedes the fence, which it reads once per row returned
     # (each reading is after the snapshot, so the lowest will do).
     statement = sql.SQL(
-        "SELECT pg_current_wal_insert_lsn()::text, {texts} FROM {table} "
+        "SELECT pg_current_wal_insert_lsn()::text, {texts} FROM {table} AS t "
         "WHERE {where} ORDER BY {columns} LIMIT %s"
     ).format(
         texts=texts,
@@ -85,13 +109,7 @@ def select_page(
         where=sql.SQL(" AND ").join(conditions),
     )
     params.append(limit)
-    rows = conn.execute(statement, params).fetchall()
-    if not rows:
-        return 0, []
-    fence = min(parse_lsn(str(row[0])) for row in rows)
-    if len(key) == 1:
-        return fence, [row[1] for row in rows]
-    return fence, [tuple(row[1:]) for row in rows]
+    return statement, params
 
 
 def delete_batch(
