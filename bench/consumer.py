@@ -8,7 +8,8 @@ waits) and, for each event, computes ``receive time - payload["ts"]``: the write
 events, not measured. Protocol on stdout: ``ready`` once assigned, ``warm`` once WARMUP warm-up
 events arrived. On stdin: a line with the number of measured events to expect; the consumer stops
 when it has them all (or after ``--idle-timeout`` seconds without a new one) and writes OUT as
-JSON: ``latencies_ms`` (in arrival order), ``received``, ``duplicates``, ``messages``.
+JSON: ``latencies_ms`` (in arrival order), with each event's ``seqs`` and ``inserted`` (its
+``ts``, for the bench's timeline), ``received``, ``duplicates``, ``messages``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def consume(
     consumer.consume(num_messages=1, timeout=0.2)  # first fetch under way
     _say("ready")
     latencies: list[float] = []
+    seqs: list[int] = []
+    inserted: list[float] = []
     seen: set[int] = set()
     warm: set[int] = set()
     duplicates = messages = 0
@@ -87,7 +90,10 @@ def consume(
                     duplicates += 1
                     continue
                 seen.add(seq)
-                latencies.append((received_at - float(event["ts"])) * 1000.0)
+                ts = float(event["ts"])
+                latencies.append((received_at - ts) * 1000.0)
+                seqs.append(seq)
+                inserted.append(ts)
                 last_new = time.monotonic()
             if expected is None:
                 expected = _expected_from_stdin()
@@ -102,6 +108,8 @@ def consume(
         consumer.close()
     return {
         "latencies_ms": latencies,
+        "seqs": seqs,
+        "inserted": inserted,
         "received": len(seen),
         "duplicates": duplicates,
         "messages": messages,

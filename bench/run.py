@@ -36,8 +36,10 @@ from bench.report import (
     programs_table,
     table,
     targets_json,
+    title,
 )
 from bench.steady import steady_scenario
+from bench.timeline import LOG_SETTINGS, worst_lines
 from cdc_relay.local import LocalPostgres
 
 RESULTS = REPO / "bench" / "results"
@@ -53,7 +55,8 @@ SCENARIOS = (
 # at once, as on a production server (with fsync=off the flush is a write(), not a disk sync):
 # under synchronous_commit=off the walsender sees a commit only after the WAL writer's next round
 # (wal_writer_delay, 200 ms), which would dominate any latency measured here.
-POSTGRES_SETTINGS = {"synchronous_commit": "on", "max_wal_size": "4GB"}
+# The log says when autovacuum and checkpoints ran, for the steady state's timeline.
+POSTGRES_SETTINGS = {"synchronous_commit": "on", "max_wal_size": "4GB", **LOG_SETTINGS}
 # Percent of the machine used by other processes above which results are flagged as disturbed.
 BUSY_PERCENT = 5.0
 
@@ -337,6 +340,10 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for line in cpu_lines(scenarios, machine["cores"] or 1):
         print(line)
+    worst = [line for key, r in scenarios.items() for line in worst_lines(title(key, r), r)]
+    if worst:
+        print("Worst seconds of the steady-state windows (the relay's share within 20 ms):")
+        print("\n".join(worst))
     if enforce:
         failed = [t for t in targets if t.passed is False]
         print(f"targets: {len(targets) - len(failed)} of {len(targets)} met")

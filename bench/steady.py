@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import psycopg
 
+from bench import timeline
 from bench.harness import (
     PAD,
     RECEIVE_LATENCY_METRIC,
@@ -149,6 +150,7 @@ def write_events(
         "achieved_rate": round(total / elapsed, 1),
         "max_lag_ms": round(max(lag for lag, _, _ in results) * 1000, 1),
         "late_events": sum(late for _, late, _ in results),
+        "t0": t0,
     }
 
 
@@ -252,6 +254,64 @@ def _histogram_summary(histogram: Histogram) -> dict[str, Any]:
     }
 
 
+def _log_size(server: LocalPostgres) -> int:
+    try:
+        return server.log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_since(server: LocalPostgres, offset: int) -> str:
+    """The server log written since ``offset`` (empty when there is none to read)."""
+    try:
+        with server.log_path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _timeline(
+    received: dict[str, Any],
+    samples: list[timeline.Sample],
+    server_log: str,
+    *,
+    t0: float,
+    rate: int,
+    errors: list[str],
+    roots: dict[str, int],
+) -> dict[str, Any]:
+    """The window over time (bench.timeline): per second of the schedule, per scrape of the
+    relay, and what PostgreSQL logged; the worst seconds and intervals picked out."""
+    seconds = timeline.per_second(
+        received.get("seqs", []),
+        received.get("inserted", []),
+        received["latencies_ms"],
+        t0=t0,
+        rate=rate,
+        target_ms=P99_MS_MAX,
+    )
+    relay_rows = timeline.relay_intervals(samples, t0, P99_MS_MAX / 1000, roots)
+    events = timeline.parse_server_log(server_log, t0)
+    busy = timeline.statement_ms(events, t0, seconds[-1]["t"] + 1 if seconds else 0)
+    for row in seconds:
+        row["statements_ms"] = busy[row["t"]]
+    return {
+        "t0_unix": round(t0, 3),
+        "per_second": seconds,
+        "relay_per_scrape": relay_rows,
+        # Statements only when long: the per-second sums above hold the rest.
+        "server_events": [
+            e.relative(t0)
+            for e in events
+            if e.kind != "statement" or e.end - e.start >= timeline.LONG_STATEMENT_S
+        ],
+        "worst_seconds": timeline.worst(seconds, "consumer_within_target"),
+        "worst_relay_intervals": timeline.worst(relay_rows, "within_target"),
+        "sampler_errors": errors[:5],
+    }
+
+
 def steady_scenario(
     server: LocalPostgres,
     name: str,
@@ -294,29 +354,35 @@ def steady_scenario(
                     cpu_before = relay.cpu_seconds()
                     window_from = time.perf_counter()
                     processes = process_snapshot()
+                    log_from = _log_size(server)
                     with contextlib.ExitStack() as stack:
                         connections = [
                             stack.enter_context(psycopg.connect(url, autocommit=True))
                             for _ in range(writers)
                         ]
-                        written = write_events(connections, rate, seconds)
-                        events = int(written["events"])
-                        relay.wait_published(WARMUP_EVENTS + events, 120)
+                        watcher = stack.enter_context(psycopg.connect(url, autocommit=True))
+                        roots = {
+                            "relay": relay.pid,
+                            "postgres": postmaster_pid(server),
+                            "broker": broker.pid or 0,
+                            "consumer": consumer.proc.pid,
+                            "writer (bench)": os.getpid(),
+                        }
+                        sampler = timeline.Sampler(
+                            relay.latency_histogram,
+                            lambda: timeline.database_activity(watcher),
+                            processes=process_snapshot,
+                        ).start()
+                        try:
+                            written = write_events(connections, rate, seconds)
+                            events = int(written["events"])
+                            relay.wait_published(WARMUP_EVENTS + events, 120)
+                        finally:
+                            samples = sampler.stop()
                         cpu_after = relay.cpu_seconds()
                         window = time.perf_counter() - window_from
                         # Before the writers' backends exit and take their CPU time along.
-                        breakdown = cpu_breakdown(
-                            processes,
-                            process_snapshot(),
-                            window,
-                            {
-                                "relay": relay.pid,
-                                "postgres": postmaster_pid(server),
-                                "broker": broker.pid or 0,
-                                "consumer": consumer.proc.pid,
-                                "writer (bench)": os.getpid(),
-                            },
-                        )
+                        breakdown = cpu_breakdown(processes, process_snapshot(), window, roots)
                     rss = relay.peak_rss_mb()
                     # With exactly once an event is observed when its Kafka transaction commits,
                     # up to CDC_RELAY_TRANSACTION_INTERVAL after its acknowledgement.
@@ -327,6 +393,7 @@ def steady_scenario(
                         histogram = relay.latency_histogram().minus(before)
                     receive = relay.latency_histogram(RECEIVE_LATENCY_METRIC).minus(receive_before)
                     received = consumer.result(events, 120)
+                    server_log = _log_since(server, log_from)
                     exit_code = relay.stop()
                     settings = relay.settings
             finally:
@@ -338,6 +405,7 @@ def steady_scenario(
         return None if value is None else round(value * 1000, 3)
 
     cpu = cpu_after - cpu_before
+    t0 = float(written.pop("t0"))
     return {
         "kind": "steady",
         "plugin": plugin,
@@ -358,6 +426,9 @@ def steady_scenario(
             "p50_ms": ms(receive.quantile(0.50)),
             "p99_ms": ms(receive.quantile(0.99)),
         },
+        "timeline": _timeline(
+            received, samples, server_log, t0=t0, rate=rate, errors=sampler.errors, roots=roots
+        ),
         "relay": {
             "streaming_after_s": round(streaming_after, 3),
             "startup_cpu_s": round(startup_cpu, 3),
