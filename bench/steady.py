@@ -306,6 +306,8 @@ def _timeline(
             for e in events
             if e.kind != "statement" or e.end - e.start >= timeline.LONG_STATEMENT_S
         ],
+        "statements_total_ms": timeline.statement_totals(seconds),
+        "quiet": timeline.quiet_share(relay_rows, timeline.QUIET_OTHER_PERCENT),
         "worst_seconds": timeline.worst(seconds, "consumer_within_target"),
         "worst_relay_intervals": timeline.worst(relay_rows, "within_target"),
         "sampler_errors": errors[:5],

@@ -34,6 +34,7 @@ from bench.harness import Histogram, ProcessCPU, cpu_breakdown
 
 LONG_STATEMENT_S = 0.05  # a statement listed on its own in the JSON (the rest summed per second)
 SCRAPE_INTERVAL = 1.0  # seconds between the sampler's looks at the relay and the database
+QUIET_OTHER_PERCENT = 25.0  # an interval counts as quiet below this much foreign CPU (one core)
 # Server settings that make the log say what this module reads (on top of the bench's).
 LOG_SETTINGS = {
     "log_autovacuum_min_duration": "0",
@@ -316,6 +317,36 @@ def statement_ms(events: Sequence[ServerEvent], t0: float, seconds: int) -> list
     return [{k: round(v, 1) for k, v in row.items() if v >= 0.5} for row in busy]
 
 
+def quiet_share(rows: Sequence[dict[str, Any]], other_max: float) -> dict[str, Any]:
+    """The share within the target over the scrape intervals in which other processes used less
+    than ``other_max`` % of a core: on a shared machine, the relay's tail with its neighbours'
+    worst minutes left out (how many intervals that kept is part of the answer)."""
+    kept = [
+        r
+        for r in rows
+        if r.get("within_target") is not None
+        and r.get("cpu_percent_of_a_core", {}).get("other", math.inf) < other_max
+    ]
+    events = sum(r["events"] for r in kept)
+    within = sum(r["within_target"] * r["events"] for r in kept)
+    return {
+        "other_below_percent_of_a_core": other_max,
+        "intervals": len(kept),
+        "of_intervals": len(rows),
+        "events": events,
+        "within_target": round(within / events, 4) if events else None,
+    }
+
+
+def statement_totals(seconds: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The window's statement time per client and kind (from ``per_second``), in ms."""
+    totals: dict[str, float] = {}
+    for row in seconds:
+        for what, ms in row.get("statements_ms", {}).items():
+            totals[what] = totals.get(what, 0.0) + ms
+    return {k: round(v) for k, v in sorted(totals.items(), key=lambda item: -item[1])}
+
+
 def worst(rows: Sequence[dict[str, Any]], key: str, count: int = 3) -> list[dict[str, Any]]:
     """The ``count`` rows with the lowest ``key`` (rows without it left out), in time order."""
     scored = [r for r in rows if r.get(key) is not None and r.get("events")]
@@ -357,7 +388,18 @@ def worst_lines(name: str, result: dict[str, Any]) -> list[str]:
         for e in found["server_events"]
         if e["kind"] != "statement"
     ]
-    return [
+    quiet = found.get("quiet", {})
+    totals = list(found.get("statements_total_ms", {}).items())[:4]
+    spent = ", ".join(f"{what} {ms / 1000:.1f} s" for what, ms in totals)
+    lines = [
         f"  {name}: " + "; ".join(parts),
         "    autovacuum and checkpoints in the window: " + ("; ".join(background) or "none"),
+        "    statement time in the window: " + (spent or "none"),
     ]
+    if quiet.get("within_target") is not None:
+        lines.append(
+            f"    within 20 ms in the {quiet['intervals']} of {quiet['of_intervals']} intervals "
+            f"with other processes below {quiet['other_below_percent_of_a_core']:g} % of a core: "
+            f"{quiet['within_target'] * 100:.2f} %"
+        )
+    return lines

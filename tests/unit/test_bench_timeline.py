@@ -3,6 +3,8 @@ and end, latency and writer lag per second, the relay's histogram per scrape."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bench.harness import Histogram, ProcessCPU
@@ -12,8 +14,10 @@ from bench.timeline import (
     ServerEvent,
     parse_server_log,
     per_second,
+    quiet_share,
     relay_intervals,
     statement_ms,
+    statement_totals,
     worst,
     worst_lines,
 )
@@ -144,7 +148,7 @@ def test_relay_intervals_are_the_histogram_between_two_scrapes() -> None:
 
 
 def test_the_report_names_the_worst_intervals_with_what_the_server_did_then() -> None:
-    result = {
+    result: dict[str, Any] = {
         "timeline": {
             "per_second": [
                 {"t": 19, "writer_lag_max_ms": 50.2, "statements_ms": {"sweeper SELECT": 885}},
@@ -162,6 +166,20 @@ def test_the_report_names_the_worst_intervals_with_what_the_server_did_then() ->
     assert worst_lines("steady", result) == [
         "  steady: 19.7-20.7 s 27 %, writers 119 ms behind (sweeper SELECT 1776 ms)",
         "    autovacuum and checkpoints in the window: autovacuum b.public.outbox 25.0-26.4 s",
+        "    statement time in the window: none",
+    ]
+    result["timeline"]["statements_total_ms"] = statement_totals(result["timeline"]["per_second"])
+    result["timeline"]["quiet"] = {
+        "other_below_percent_of_a_core": 25.0,
+        "intervals": 12,
+        "of_intervals": 30,
+        "events": 60000,
+        "within_target": 0.99125,
+    }
+    assert worst_lines("steady", result)[2:] == [
+        "    statement time in the window: sweeper SELECT 1.8 s",
+        "    within 20 ms in the 12 of 30 intervals with other processes below 25 % of a core: "
+        "99.12 %",
     ]
     assert worst_lines("steady", {}) == []
 
@@ -181,3 +199,21 @@ def test_relay_intervals_say_how_much_of_the_machine_other_processes_used() -> N
     assert row["cpu_percent_of_a_core"] == {"relay": 20.0, "other": 80.0, "machine": 100.0}
     (bare,) = relay_intervals(samples, T0, 0.02)
     assert "cpu_percent_of_a_core" not in bare
+
+
+def test_the_quiet_share_keeps_only_intervals_with_little_foreign_cpu() -> None:
+    rows: list[dict[str, Any]] = [
+        {"events": 1000, "within_target": 1.0, "cpu_percent_of_a_core": {"other": 5.0}},
+        {"events": 3000, "within_target": 0.9, "cpu_percent_of_a_core": {"other": 24.9}},
+        {"events": 5000, "within_target": 0.1, "cpu_percent_of_a_core": {"other": 80.0}},
+        {"events": 5000, "within_target": 0.1},  # no CPU read: not known to be quiet
+        {"events": 0, "within_target": None, "cpu_percent_of_a_core": {"other": 0.0}},
+    ]
+    assert quiet_share(rows, 25.0) == {
+        "other_below_percent_of_a_core": 25.0,
+        "intervals": 2,
+        "of_intervals": 5,
+        "events": 4000,
+        "within_target": 0.925,
+    }
+    assert quiet_share(rows[2:4], 25.0)["within_target"] is None
