@@ -390,7 +390,7 @@ def worst_lines(name: str, result: dict[str, Any]) -> list[str]:
     ]
     quiet = found.get("quiet", {})
     totals = list(found.get("statements_total_ms", {}).items())[:4]
-    spent = ", ".join(f"{what} {ms / 1000:.1f} s" for what, ms in totals)
+    spent = ", ".join(f"{what} {ms / 1000:.1f} s" for what, ms in totals if ms >= 50)
     lines = [
         f"  {name}: " + "; ".join(parts),
         "    autovacuum and checkpoints in the window: " + ("; ".join(background) or "none"),
