@@ -721,6 +721,21 @@ def floor_summary(
     return out
 
 
+def _cpu_per_row(
+    server_run: dict[str, Any], producer_run: dict[str, Any], producer: str, bench: str
+) -> dict[str, float]:
+    """CPU µs per row by who spent it: the server in ``server_run``; the broker, the bench and,
+    after its start-up, the producing process (called ``producer``) in ``producer_run``."""
+    server = server_run["cpu_during_run"]["us_per_row"]
+    kafka = producer_run["cpu_during_run"]["us_per_row"]
+    return {
+        "server": server["server"],
+        "broker": kafka["broker"],
+        producer: producer_run["cpu_us_per_event_after_startup"],
+        bench: kafka["bench"],
+    }
+
+
 def item2_budget(
     recvlogical: dict[str, Any],
     bare: dict[str, Any],
@@ -739,31 +754,18 @@ def item2_budget(
     machine's cores, and against what the other processes on the machine left of them in this
     run (the median of ``other_percent`` over every run).
     """
-    server = recvlogical["cpu_during_run"]["us_per_row"]
-    kafka = bare["cpu_during_run"]["us_per_row"]
-    per_row = {
-        "server": server["server"],
-        "broker": kafka["broker"],
-        "bare producer": bare["cpu_us_per_event_after_startup"],
-        "bench (broker counter)": kafka["bench"],
-    }
+    per_row = _cpu_per_row(recvlogical, bare, "bare producer", "bench (broker counter)")
     floor_us = max(sum(per_row.values()), 0.01)  # 10 ms ticks: a tiny run may count none
     target = ratio * recvlogical["rows_per_s"]
     available = max(cores - other_percent / 100, 0.0)
-    # The relay's own run the same way: its process after its start-up, the rest over the run.
-    relay_run = relay["cpu_during_run"]["us_per_row"]
-    relay_parts = {
-        "server": relay_run["server"],
-        "broker": relay_run["broker"],
-        "relay": relay["cpu_us_per_event_after_startup"],
-        "bench": relay_run["bench"],
-    }
+    # The relay's own run the same way.
+    relay_parts = _cpu_per_row(relay, relay, "relay", "bench")
     relay_sum = sum(relay_parts.values())
     return {
         "ratio": ratio,
         "target_rows_per_s": round(target),
         "floor_us_per_row": {key: round(value, 2) for key, value in per_row.items()},
-        "walsender_us_per_row": server["walsender"],
+        "walsender_us_per_row": recvlogical["cpu_during_run"]["us_per_row"]["walsender"],
         "floor_us_per_row_sum": round(floor_us, 2),
         "cores_needed": round(target * floor_us / 1e6, 2),
         "cores": cores,

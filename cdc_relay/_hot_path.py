@@ -34,7 +34,7 @@ HOT_PATH = (
     "cdc_relay.watermark",
     "cdc_relay.publisher",  # the delivery callback runs once per record
 )
-# name -> its C source; the module that imports it falls back to Python on ImportError
+# name -> its C source; cdc_relay.c_extension imports it (ImportError: its users' Python runs)
 C_EXTENSIONS = {"cdc_relay.decode._tuple_reader": "decode/_tuple_reader.c"}
 PURE_PYTHON_VARIABLE = "CDC_RELAY_PURE_PYTHON"
 COMPILE_VARIABLE = "CDC_RELAY_COMPILE"  # read by setup.py at build time: not a setting

@@ -22,6 +22,7 @@ from typing import Final, NamedTuple, NoReturn, cast
 import orjson
 from mypy_extensions import mypyc_attr
 
+from cdc_relay import c_extension
 from cdc_relay.config import OutboxColumns
 from cdc_relay.decode.messages import Relation, TupleData, UnchangedToast
 from cdc_relay.reserved_headers import reserved
@@ -56,23 +57,8 @@ TRACEPARENT_HEADER_INDEX = 3
 DEBEZIUM_SPAN_CONTEXT = "tracingspancontext"
 
 # The plain mapping of an ordinary row in one C call, where the extension is built (any other
-# row: _record_fields, the reference, maps it or says what is wrong). cdc_relay._hot_path.
-_FastFields = Callable[
-    [
-        "tuple[int | str, ...]",
-        "dict[tuple[bytes, bytes], str]",
-        "list[object]",
-        "Callable[[TupleData], RecordFields] | None",
-        TupleData,
-    ],
-    "RecordFields | None",
-]
-try:
-    from cdc_relay.decode._tuple_reader import record_fields as _c_record_fields
-
-    _fast_fields: _FastFields | None = _c_record_fields
-except ImportError:
-    _fast_fields = None
+# row: _record_fields, the reference, maps it or says what is wrong). cdc_relay.c_extension.
+_fast_fields = c_extension.record_fields
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # ShapedMapping subclasses it, interpreted

@@ -33,6 +33,7 @@ from functools import partial
 from types import MethodType
 from typing import Any, Final, Protocol
 
+from cdc_relay import c_extension
 from cdc_relay.config import Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
 from cdc_relay.decode import decoder_for
@@ -96,16 +97,10 @@ from cdc_relay.watermark import PendingTransaction
 log = logging.getLogger(__name__)
 
 # A record's BoundRecord bound to its delivery callback: types.MethodType, or the same from the C
-# helper where it is built (without the type call's argument tuple; cdc_relay._hot_path).
-_Binder = Callable[[TransactionCallback, BoundRecord], DeliveryCallback]
-try:
-    from cdc_relay.decode._tuple_reader import bind as _c_bind
-
-    _binder: _Binder = _c_bind
-except ImportError:
-    _binder = MethodType
+# extension where it is built (without the type call's argument tuple; cdc_relay.c_extension).
 # Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
-_bind: Final = _binder
+_Binder = Callable[[TransactionCallback, BoundRecord], DeliveryCallback]
+_bind: Final[_Binder] = MethodType if c_extension.bind is None else c_extension.bind
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 # The wait while records are in flight: their acknowledgements are served only by polling the

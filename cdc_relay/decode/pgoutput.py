@@ -26,6 +26,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
+from cdc_relay import c_extension
 from cdc_relay.decode.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -50,27 +51,15 @@ from cdc_relay.decode.messages import (
     Truncate,
     TupleData,
     Type,
-    UnchangedToast,
     Update,
     Value,
 )
 from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
 
-# The same tuple reader in C, built by setup.py where a compiler exists; this module's is the
-# reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one: cdc_relay._hot_path).
-_RowReader: TypeAlias = Callable[[bytes, int, UnchangedToast], "tuple[TupleData, int] | None"]
-_MessageReader: TypeAlias = Callable[
-    ["bytes | memoryview", int, "type[Insert]", "type[Begin]", "type[Commit]", UnchangedToast],
-    "Insert | Begin | Commit | None",
-]
-try:
-    from cdc_relay.decode import _tuple_reader
-
-    _read_row: _RowReader | None = _tuple_reader.read_tuple
-    _read_message: _MessageReader | None = _tuple_reader.read_message
-except ImportError:
-    _read_row = None
-    _read_message = None
+# The same readers in C where the extension is built; this module's are the reference and the
+# fallback (cdc_relay.c_extension).
+_read_row = c_extension.read_tuple
+_read_message = c_extension.read_message
 # Module-level Final names are C statics in the compiled build, other globals a dict lookup.
 _READ_MESSAGE: Final = _read_message
 _INSERT: Final = Insert

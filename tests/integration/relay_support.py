@@ -13,13 +13,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
 
+from cdc_relay.config import Settings, load_settings
 from cdc_relay.local.relay_process import RelayProcess as BaseRelayProcess
 from cdc_relay.lsn import parse_lsn
 
@@ -64,6 +67,27 @@ def relay_env(database_url: str, bootstrap: str, unique: str, **extra: str) -> d
     }
     env.update({f"CDC_RELAY_{k.upper()}": v for k, v in extra.items()})
     return env
+
+
+def relay_settings(env: dict[str, str], **overrides: object) -> Settings:
+    """The settings of a relay run with ``env`` (its slot, publication, state schema), with
+    ``overrides``: for the parts of it a test runs in its own process (a sweeper)."""
+    values: dict[str, Any] = {
+        key.removeprefix("CDC_RELAY_").lower(): value
+        for key, value in env.items()
+        if key.startswith("CDC_RELAY_")
+    }
+    return load_settings(**{**values, **overrides})
+
+
+@contextmanager
+def streaming_relay(env: dict[str, str]) -> Iterator[RelayProcess]:
+    """A relay run with ``env``, streaming for the ``with`` block, ended after it."""
+    relay = RelayProcess(env).start()
+    try:
+        yield relay.wait_streaming()
+    finally:
+        relay.close()
 
 
 def trust_messages(database_url: str) -> dict[str, str]:

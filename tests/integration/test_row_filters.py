@@ -6,18 +6,17 @@ real broker, the real relay, both output plugins: what reaches Kafka and what ro
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
-from cdc_relay.config import Settings, load_settings
+from cdc_relay.config import Settings
 from cdc_relay.row_filter import parse, parse_deparsed
 from cdc_relay.sweeper import Sweeper
 from tests.conftest import KafkaBroker
 from tests.integration.framework_support import framework_columns
-from tests.integration.relay_support import RelayProcess, relay_env, scalar
+from tests.integration.relay_support import RelayProcess, relay_env, relay_settings, scalar
 from tests.integration.test_admin import cdc_relay
 from tests.kafka_helpers import consume_all, consume_with_grace
 
@@ -68,14 +67,8 @@ def _env(database: str, broker: KafkaBroker, unique: str, **extra: str) -> dict[
 
 
 def _settings(env: dict[str, str], **overrides: object) -> Settings:
-    values: dict[str, Any] = {
-        key.removeprefix("CDC_RELAY_").lower(): value
-        for key, value in env.items()
-        if key.startswith("CDC_RELAY_")
-    }
-    values.update(overrides)
-    values["outbox_columns"] = orjson.loads(values["outbox_columns"])  # JSON, as the env has it
-    return load_settings(**values)
+    """The relay's settings: its outbox columns as the value they are (the env has them as JSON)."""
+    return relay_settings(env, **{"outbox_columns": COLUMNS, **overrides})
 
 
 def _write(database: str, count: int, categories: tuple[str, ...] = ("order",)) -> list[str]:
@@ -138,12 +131,7 @@ def test_one_row_per_event_is_relayed_and_only_relayed_rows_are_swept(
         waiting.close()
         # Without a sweep condition every relayed row goes; deleted by a two-column key now.
         by_pair = Sweeper(
-            _settings(
-                env,
-                outbox_columns=orjson.dumps(
-                    {**COLUMNS, "row_key": ["message_id", "target_broker"]}
-                ).decode(),
-            )
+            _settings(env, outbox_columns={**COLUMNS, "row_key": ["message_id", "target_broker"]})
         )
         rest = by_pair.sweep_until_done(timeout=15)
         by_pair.close()

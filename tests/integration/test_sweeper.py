@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 
 from cdc_relay.checkpoint import PostgresCheckpointStore
-from cdc_relay.config import OutboxTable, Settings, load_settings
+from cdc_relay.config import OutboxTable, Settings
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.relayed_filters import recorded_form
@@ -41,7 +41,9 @@ from tests.integration.relay_support import (
     insert_events,
     new_event,
     relay_env,
+    relay_settings,
     scalar,
+    streaming_relay,
     wait_until,
     write_transactions,
 )
@@ -53,17 +55,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
 # The relay must not sweep itself here; it confirms promptly, also when only the WAL moved (the
 # sweeper's fence is the WAL insert end, which the relay's own position writes keep moving).
 RELAY = {"sweep_interval": "0", "confirm_interval": "0.2", "idle_confirm_interval": "0.3"}
-
-
-def _settings(env: dict[str, str], **overrides: object) -> Settings:
-    """The relay's settings (same slot, publication, state schema), plus sweeper overrides."""
-    values: dict[str, Any] = {
-        key.removeprefix("CDC_RELAY_").lower(): value
-        for key, value in env.items()
-        if key.startswith("CDC_RELAY_")
-    }
-    values.update(overrides)
-    return load_settings(**values)
 
 
 def _recorded(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> int:
@@ -138,7 +129,7 @@ def test_concurrent_writers_rows_are_deleted_only_after_kafka_has_them(
     broker.create_topic(topic, partitions=3)
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     relay = RelayProcess(env).start()
-    sweeper = _AuditedSweeper(_settings(env, sweep_interval=0.1, sweep_batch_size=250))
+    sweeper = _AuditedSweeper(relay_settings(env, sweep_interval=0.1, sweep_batch_size=250))
     stop = threading.Event()
     sweeping = threading.Thread(target=sweeper.run, args=(stop,), daemon=True)
     writers_count, rows_per_writer = 4, 1000
@@ -214,10 +205,8 @@ def test_rows_published_before_a_relay_crash_are_swept_and_not_sent_again(
     slot = env["CDC_RELAY_SLOT_NAME"]
     first, second = _events(300, "a"), _events(200, "b")
     first_ids, second_ids = {e.id for e in first}, {e.id for e in second}
-    sweeper = Sweeper(_settings(env))  # outlives the relay, as a separate sweep process would
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    sweeper = Sweeper(relay_settings(env))  # outlives the relay, as a separate sweep process would
+    with streaming_relay(env) as relay:
         write_transactions(database, _batches(first, 10))
         selected = sweeper.sweep_once()  # selects the first rows, with their fence
         assert selected.deleted == 0
@@ -230,8 +219,6 @@ def test_rows_published_before_a_relay_crash_are_swept_and_not_sent_again(
             )
         write_transactions(database, _batches(second, 10))
         relay.kill()  # what of `second` was not yet confirmed is the unconfirmed tail
-    finally:
-        relay.close()
 
     # The relay is dead; its record still proves the first rows published.
     after_crash = sweeper.sweep_once()
@@ -256,15 +243,11 @@ def test_rows_published_before_a_relay_crash_are_swept_and_not_sent_again(
     assert f"{len(second)} row(s) wait for the relay to confirm past " in swept.stdout
     assert _remaining(database) == second_ids
 
-    restarted = RelayProcess(env).start()
-    try:
-        restarted.wait_streaming()
+    with streaming_relay(env):
         records = consume_with_grace(
             broker.bootstrap_servers, topic, len(first) + len(second), timeout=30, grace=1.5
         )
-        after_restart = Sweeper(_settings(env)).sweep_until_done(timeout=15)
-    finally:
-        restarted.close()
+        after_restart = Sweeper(relay_settings(env)).sweep_until_done(timeout=15)
     assert after_restart.deleted == len(second)
     assert not _remaining(database), "nothing leaks: the rest is swept once the relay confirms"
     counts = _ids(records)
@@ -295,17 +278,13 @@ def test_each_delete_transaction_removes_at_most_a_batch(
         )
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     events = _events(1000, "c")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env):
         write_transactions(database, _batches(events, 100))
-        sweeper = Sweeper(_settings(env, sweep_batch_size=100))
+        sweeper = Sweeper(relay_settings(env, sweep_batch_size=100))
         started = time.monotonic()
         result = sweeper.sweep_until_done(timeout=20)
         elapsed = time.monotonic() - started
         sweeper.close()
-    finally:
-        relay.close()
     assert result.deleted == 1000
     assert result.waiting == 0
     assert [len(b.ids) for b in result.batches] == [100] * 10
@@ -338,17 +317,13 @@ def test_waiting_candidates_are_plain_text_the_cycle_collector_never_walks(
     create_outbox(database)
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     events = _events(250, "t")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env):
         write_transactions(database, _batches(events, 50))
-        sweeper = Sweeper(_settings(env, sweep_batch_size=100))
+        sweeper = Sweeper(relay_settings(env, sweep_batch_size=100))
         sweeper.sweep_once()  # selects three pages: the relay has not confirmed past their fence
         waiting = [i for state in sweeper._tables for b in state.queue._batches for i in b.ids]
         result = sweeper.sweep_until_done(timeout=20)
         sweeper.close()
-    finally:
-        relay.close()
     assert all(type(i) is str and not gc.is_tracked(i) for i in waiting), waiting[:3]
     assert sorted(map(str, waiting)) == sorted(e.id for e in events)
     assert sorted(str(i) for b in result.batches for i in b.ids) == sorted(e.id for e in events)
@@ -366,17 +341,14 @@ def test_a_pass_selects_every_published_row_of_an_integer_key_in_the_keys_order(
         conn.execute("ALTER TABLE outbox ADD COLUMN n bigint GENERATED ALWAYS AS IDENTITY UNIQUE")
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     events = _events(250, "i")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env):
         write_transactions(database, _batches(events, 50))
-        sweeper = Sweeper(_settings(env, sweep_batch_size=10, outbox_columns={"row_key": ["n"]}))
+        settings = relay_settings(env, sweep_batch_size=10, outbox_columns={"row_key": ["n"]})
+        sweeper = Sweeper(settings)
         sweeper.sweep_once()  # one selection: the relay has not confirmed past its fences yet
         selected = [i for state in sweeper._tables for b in state.queue._batches for i in b.ids]
         result = sweeper.sweep_until_done(timeout=20)
         sweeper.close()
-    finally:
-        relay.close()
     assert [int(str(i)) for i in selected] == list(range(1, 251))
     assert result.deleted == 250
     assert not _remaining(database)
@@ -405,7 +377,7 @@ def test_a_page_of_candidates_reads_the_keys_index_not_the_whole_table(
             "FROM generate_series(1, 20000) g"
         )
         conn.execute("ANALYZE outbox")
-        table = _settings(relay_env(database, broker.bootstrap_servers, unique)).tables()[0]
+        table = relay_settings(relay_env(database, broker.bootstrap_servers, unique)).tables()[0]
         swept = _Swept(table, ("id",), key_types(conn, table, ("id",)))
         after = str(uuid.UUID(int=1 << 126))  # a quarter into the keys
         boundary = int(str(scalar(database, "SELECT txid_current()"))) - 100
@@ -435,14 +407,12 @@ def test_retention_keeps_young_rows(database: str, broker: KafkaBroker, unique: 
     create_outbox(database)
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     old, young = _events(50, "old"), _events(50, "young")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env):
         write_transactions(database, [old])
         time.sleep(2.2)
         write_transactions(database, [young])
         young_written = time.monotonic()
-        sweeper = Sweeper(_settings(env, sweep_retention_seconds=2))
+        sweeper = Sweeper(relay_settings(env, sweep_retention_seconds=2))
         # The selection runs first thing, while the young rows are well under 2 s old.
         assert time.monotonic() - young_written < 1.5
         result = sweeper.sweep_until_done(timeout=15)
@@ -452,8 +422,6 @@ def test_retention_keeps_young_rows(database: str, broker: KafkaBroker, unique: 
         time.sleep(max(2.2 - (time.monotonic() - young_written), 0))
         later = sweeper.sweep_until_done(timeout=15)
         sweeper.close()
-    finally:
-        relay.close()
     assert {str(i) for b in later.batches for i in b.ids} == {e.id for e in young}
     assert not _remaining(database)
 
@@ -466,9 +434,7 @@ def test_rows_deleted_in_their_own_transaction_are_published_and_nothing_is_swep
     broker.create_topic(topic, partitions=3)
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     events = _events(60, "e")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env):
         with psycopg.connect(database) as conn:
             for batch in _batches(events, 6):
                 with conn.transaction():
@@ -478,12 +444,10 @@ def test_rows_deleted_in_their_own_transaction_are_published_and_nothing_is_swep
                         ([uuid.UUID(e.id) for e in batch],),
                     )
         records = consume_all(broker.bootstrap_servers, topic, len(events), timeout=30)
-        sweeper = Sweeper(_settings(env))
+        sweeper = Sweeper(relay_settings(env))
         result = sweeper.sweep_once()
         done = sweeper.sweep_until_done(timeout=1)
         sweeper.close()
-    finally:
-        relay.close()
     assert set(_ids(records)) == {e.id for e in events}
     assert (result.deleted, result.waiting) == (0, 0)
     assert (done.deleted, done.waiting) == (0, 0)
@@ -510,7 +474,7 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
     with psycopg.connect(database) as conn, conn.transaction():
         conn.execute(INSERT_SQL.replace("outbox", "outbox2").encode(), _row(second[0]))
     tables = ({"table": "public.outbox"}, {"table": "public.outbox2"})
-    settings = _settings(env, outbox_tables=tables)
+    settings = relay_settings(env, outbox_tables=tables)
     sweeper = Sweeper(settings)
     with psycopg.connect(database, autocommit=True) as conn:  # as the relay records them
         store = PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"])
@@ -555,17 +519,13 @@ def test_rows_older_than_the_slot_are_never_swept(
     write_transactions(database, [before])  # no slot yet: these are in no WAL stream
     env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
     after = _events(20, "after")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env) as relay:
         write_transactions(database, [after])
         consume_all(broker.bootstrap_servers, [f"{unique}.order"], 20, 30)
-        sweeper = Sweeper(_settings(env))
+        sweeper = Sweeper(relay_settings(env))
         result = sweeper.sweep_until_done(timeout=15)
         sweeper.close()
         assert relay.stop() == 0
-    finally:
-        relay.close()
     assert {str(i) for b in result.batches for i in b.ids} == {e.id for e in after}
     assert _remaining(database) == {e.id for e in before}
 
@@ -585,17 +545,13 @@ def test_the_relay_sweeps_what_it_published(
         http_port=str(port),
     )
     events = _events(300, "swept")
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
+    with streaming_relay(env) as relay:
         write_transactions(database, _batches(events, 10))
         records = consume_all(broker.bootstrap_servers, [f"{unique}.order"], 300, 30)
         wait_until(lambda: not _remaining(database), 30, "the relay's sweeper to empty the table")
         status = orjson.loads(http_get(port, "/status")[1])
         metrics = http_get(port, "/metrics")[1].decode()
         assert relay.stop() == 0
-    finally:
-        relay.close()
     assert set(_ids(records)) == {e.id for e in events}
     assert status["swept_rows"] == 300
     assert "cdc_relay_sweeper_rows_deleted_total" in metrics

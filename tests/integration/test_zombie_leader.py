@@ -19,12 +19,14 @@ A ``read_committed`` consumer (``assign()``, not a group) counts what arrived ag
 written: duplicates by event id, losses, and the order per aggregate. With
 ``CDC_RELAY_EXACTLY_ONCE`` off the released requests and the woken producer's queued records are
 appended next to the successor's copies: the test asserts it sees those duplicates in every zombie
-round (the detector works, and at-least-once is what the setting off promises). With it on, the
-successor's ``init_transactions`` fences the old producer: each event arrives exactly once, in
-commit order per aggregate, nothing lost. On the test broker, which does not hide the records of
-a transaction that a newer producer fenced, that also rests on the successor reading back *after*
-its fence (it finds what the zombie appended before it and does not send it again); on Apache
-Kafka (external mode) the fence aborts those records and the successor sends them once more.
+round (the detector works, and at-least-once is what the setting off promises), and no other (a
+takeover re-sends nothing Kafka has: none before the release, none in the other rounds). With it
+on, the successor's ``init_transactions`` fences the old producer: each event arrives exactly
+once, in commit order per aggregate, nothing lost. On the test broker, which does not hide the
+records of a transaction that a newer producer fenced, that also rests on the successor reading
+back *after* its fence (it finds what the zombie appended before it and does not send it again);
+on Apache Kafka (external mode) the fence aborts those records and the successor sends them once
+more.
 """
 
 from __future__ import annotations
@@ -229,6 +231,12 @@ def test_a_zombie_leader_publishes_nothing_twice(
     if exactly_once == "false":
         # At-least-once: every zombie round appends the old leader's copies, and they are seen.
         assert all(z.released_duplicates + z.woken_duplicates > 0 for z in zombies), report
+        # Those are the only ones: a takeover re-sends nothing Kafka has, so none arrives before
+        # the held requests are released, none in a kill round, none for a paused broker.
+        assert all(z.takeover_duplicates == 0 for z in zombies), report
+        assert all(added == 0 for fault, added in by_round if fault in ("kill", "broker pause")), (
+            report
+        )
     else:
         # The successor's fence made the broker refuse both the released requests and what the
         # woken producer still had queued.
