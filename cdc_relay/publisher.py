@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,6 +33,25 @@ from cdc_relay.transaction_errors import resumable, transaction_failure
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+
+# The event's delivery callback in C, built by setup.py where a compiler exists; _callbacks'
+# on_delivery is the reference and the fallback (CDC_RELAY_PURE_PYTHON=1 blocks the C one).
+_DeliveriesType = Callable[
+    [
+        type[PendingTransaction],
+        "defaultdict[str, int]",
+        "Callable[[float, int], None]",
+        "Callable[[], float]",
+        "Callable[[BoundRecord, Any, Any], None]",
+    ],
+    "Callable[[BoundRecord, Any, Any], None]",
+]
+try:
+    from cdc_relay.decode._tuple_reader import Deliveries as _CDeliveries
+
+    _deliveries: _DeliveriesType | None = _CDeliveries
+except ImportError:
+    _deliveries = None
 
 DeliveryCallback = Callable[[Any, Any], None]
 # Delivery reports do not carry headers, so each record's transaction, table, topic and headers
@@ -161,7 +181,9 @@ class DeliveryTracker:
         Runs once per record, so it does the least it can: a success counts the record and
         notes its offset; the latency histogram is fed once per transaction, when the last
         record in flight is acknowledged (its time stands for the events acknowledged since:
-        an upper bound, off by at most one poll of the producer).
+        an upper bound, off by at most one poll of the producer). An event's callback is the C
+        extension's ``Deliveries`` where it is built: ``on_delivery``'s steps for an ordinary
+        success, without a Python frame per acknowledgement; anything else is ``on_delivery``.
         """
         failures = self.failures
         stats = self.stats
@@ -206,6 +228,13 @@ class DeliveryTracker:
                 observe(now() - txn.commit_time, txn.unobserved)
                 txn.unobserved = 0
 
+        if _deliveries is not None:
+            try:
+                fast = _deliveries(PendingTransaction, by_topic, observe, now, on_delivery)
+            except TypeError:  # PendingTransaction compiled (mypyc): no slots to read
+                pass
+            else:
+                return fast, on_dead_letter_delivery
         return on_delivery, on_dead_letter_delivery
 
     def take_failures(self) -> list[DeliveryFailure]:
