@@ -510,6 +510,47 @@ replace_slot(PyObject *obj, Py_ssize_t at, PyObject *value)
     Py_XDECREF(previous);
 }
 
+/* A new reference to the slot's value, or NULL with AttributeError when it is unset: Python code
+ * run meanwhile (a report's value compared, a clock, a histogram) could have changed it since
+ * the caller's checks, so every slot is read again where it is used. */
+static PyObject *
+slot_value(PyObject *obj, Py_ssize_t at, const char *name)
+{
+    PyObject *value = *(PyObject **)((char *)obj + at);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%s'",
+                     Py_TYPE(obj)->tp_name, name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+/* *count = a count slot's value, one away from either end of the range: 0, or -1 with an
+ * exception set (unset, not an int, out of range). */
+static int
+slot_count(PyObject *obj, Py_ssize_t at, const char *name, Py_ssize_t *count)
+{
+    PyObject *value = slot_value(obj, at, name);
+    if (value == NULL) {
+        return -1;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s is not an int", name);
+        Py_DECREF(value);
+        return -1;
+    }
+    *count = PyLong_AsSsize_t(value);
+    Py_DECREF(value);
+    if (*count == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*count == PY_SSIZE_T_MIN || *count == PY_SSIZE_T_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
+        return -1;
+    }
+    return 0;
+}
+
 /* msg.<method>(): through the method cached for msg's type when it has no instance dictionary
  * that could shadow it, else looked up as Python looks it up. */
 static PyObject *
@@ -572,8 +613,11 @@ delivered(Deliveries *self, PyObject *txn, PyObject *topic, PyObject *msg)
         Py_DECREF(offset);
         return -1;
     }
-    PyObject *offsets = *(PyObject **)((char *)txn + self->at[OFFSETS]);
-    int stored = PyDict_SetItem(offsets, key, offset);
+    PyObject *offsets = slot_value(txn, self->at[OFFSETS], slot_names[OFFSETS]);
+    int stored = offsets == NULL ? -1
+                 : PyDict_CheckExact(offsets) ? PyDict_SetItem(offsets, key, offset)
+                                              : PyObject_SetItem(offsets, key, offset);
+    Py_XDECREF(offsets);
     Py_DECREF(key);
     Py_DECREF(offset);
     if (stored < 0) {
@@ -611,8 +655,8 @@ delivered(Deliveries *self, PyObject *txn, PyObject *topic, PyObject *msg)
     }
 
     /* txn.acknowledged(): txn._pending -= 1, the deliveries still awaited */
-    Py_ssize_t pending = PyLong_AsSsize_t(*(PyObject **)((char *)txn + self->at[PENDING]));
-    if (pending == -1 && PyErr_Occurred()) {
+    Py_ssize_t pending;
+    if (slot_count(txn, self->at[PENDING], slot_names[PENDING], &pending) < 0) {
         return -1;
     }
     PyObject *remaining = PyLong_FromSsize_t(pending - 1);
@@ -620,8 +664,8 @@ delivered(Deliveries *self, PyObject *txn, PyObject *topic, PyObject *msg)
         return -1;
     }
     replace_slot(txn, self->at[PENDING], remaining);
-    Py_ssize_t unobserved = PyLong_AsSsize_t(*(PyObject **)((char *)txn + self->at[UNOBSERVED]));
-    if (unobserved == -1 && PyErr_Occurred()) {
+    Py_ssize_t unobserved;
+    if (slot_count(txn, self->at[UNOBSERVED], slot_names[UNOBSERVED], &unobserved) < 0) {
         return -1;
     }
     if (pending - 1 != 0) {
@@ -637,7 +681,9 @@ delivered(Deliveries *self, PyObject *txn, PyObject *topic, PyObject *msg)
     if (now == NULL) {
         return -1;
     }
-    PyObject *latency = PyNumber_Subtract(now, *(PyObject **)((char *)txn + self->at[COMMIT_TIME]));
+    PyObject *commit_time = slot_value(txn, self->at[COMMIT_TIME], slot_names[COMMIT_TIME]);
+    PyObject *latency = commit_time == NULL ? NULL : PyNumber_Subtract(now, commit_time);
+    Py_XDECREF(commit_time);
     Py_DECREF(now);
     if (latency == NULL) {
         return -1;

@@ -214,3 +214,33 @@ def test_the_tracker_uses_it_unless_pure_python_is_asked_for() -> None:
     compiled = not str(watermark.__file__).endswith(".py")
     tracker = DeliveryTracker(RelayStats())
     assert (type(tracker.on_delivery).__name__ == "Deliveries") != (pure or compiled)
+
+
+def _spoiled(tracker: DeliveryTracker) -> tuple[Any, ...]:
+    txn = PendingTransaction(1, 0.0, b"slot/0/1/")
+    txn.produced()
+    txn.produced()
+    first_offsets = txn.offsets
+
+    class Spoiler(int):
+        def __hash__(self) -> int:
+            txn.offsets = {("replaced", 0): 1}
+            txn.unobserved = None  # type: ignore[assignment]
+            return int.__hash__(self)
+
+    callback = MethodType(tracker.on_delivery, (txn, "public.outbox", TOPICS[0], []))
+    with pytest.raises(TypeError) as raised:
+        callback(None, PythonReport(Spoiler(1), 7))
+    return (
+        dict(first_offsets), txn.offsets, txn.pending, dict(tracker.stats.published_by_topic),
+        type(raised.value),
+    )  # fmt: skip
+
+
+def test_a_report_whose_values_run_code_is_accounted_as_the_reference_does() -> None:
+    """A partition whose hash replaces the transaction's offsets and spoils its unobserved count
+    (only a fake report can): the same outcome, the same error, and nothing freed in use."""
+    fast, reference = _trackers()
+    outcome = _spoiled(fast)
+    assert outcome == _spoiled(reference)
+    assert outcome[0] == {(TOPICS[0], 1): 7}
