@@ -24,6 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     OffsetSpec,
 )
 
+from cdc_relay import c_extension
 from cdc_relay.config import legal_topic
 from cdc_relay.errors import RelayError, SinkUnavailable
 from cdc_relay.logs import cut
@@ -32,6 +33,10 @@ from cdc_relay.transaction_errors import resumable, transaction_failure
 from cdc_relay.watermark import PendingTransaction
 
 log = logging.getLogger(__name__)
+
+# The event's delivery callback in C (cdc_relay.c_extension); _callbacks' on_delivery is the
+# reference and the fallback.
+_deliveries: Final = c_extension.Deliveries
 
 DeliveryCallback = Callable[[Any, Any], None]
 # Delivery reports do not carry headers, so each record's transaction, table, topic and headers
@@ -161,7 +166,9 @@ class DeliveryTracker:
         Runs once per record, so it does the least it can: a success counts the record and
         notes its offset; the latency histogram is fed once per transaction, when the last
         record in flight is acknowledged (its time stands for the events acknowledged since:
-        an upper bound, off by at most one poll of the producer).
+        an upper bound, off by at most one poll of the producer). An event's callback is the C
+        extension's ``Deliveries`` where it is built: ``on_delivery``'s steps for an ordinary
+        success, without a Python frame per acknowledgement; anything else is ``on_delivery``.
         """
         failures = self.failures
         stats = self.stats
@@ -206,6 +213,13 @@ class DeliveryTracker:
                 observe(now() - txn.commit_time, txn.unobserved)
                 txn.unobserved = 0
 
+        if _deliveries is not None:
+            try:
+                fast = _deliveries(PendingTransaction, by_topic, observe, now, on_delivery)
+            except TypeError:  # PendingTransaction compiled (mypyc): no slots to read
+                pass
+            else:
+                return fast, on_dead_letter_delivery
         return on_delivery, on_dead_letter_delivery
 
     def take_failures(self) -> list[DeliveryFailure]:

@@ -6,6 +6,9 @@ produced`, :meth:`~PendingTransaction.acknowledged`, :meth:`~PendingTransaction.
 :meth:`~PendingTransaction.hold`, :meth:`~PendingTransaction.committed`), called by the session,
 the delivery callbacks, the poison policy and, publishing exactly once, the Kafka transaction
 (:mod:`cdc_relay.kafka_transaction`): a transaction held until its Kafka transaction committed.
+(The C extension's delivery callback does what :meth:`~PendingTransaction.acknowledged` does on
+the slot itself, a Python call from C costing more than the rest of the acknowledgement; it is
+checked against the Python callback, which calls the method: test_delivery_callback.py.)
 The watermark is the end LSN of the newest transaction such that it *and every transaction before
 it* are sealed (their Commit was seen) and fully acknowledged — never simply the highest LSN
 acknowledged, because acknowledgements arrive out of order across partitions.

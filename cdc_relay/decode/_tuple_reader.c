@@ -43,9 +43,26 @@
  * bind(function: callable, obj: object) -> method
  *   types.MethodType(function, obj), without the type call's argument tuple: every record binds
  *   its (transaction, table, topic, headers) to its delivery callback (cdc_relay.session).
+ *
+ * Deliveries(txn_type: type, by_topic: dict, observe: callable, now: callable,
+ *            reference: callable)
+ *   A delivery callback, called as (record, err, msg) with record the (transaction, table, topic,
+ *   headers) bound to it: DeliveryTracker's Python on_delivery (cdc_relay.publisher), given as
+ *   `reference`, without a Python frame per acknowledgement. An ordinary success - no error, a
+ *   transaction of exactly txn_type (cdc_relay.watermark.PendingTransaction) with its slots set,
+ *   its counts ints, its offsets a dict - is done here, step by step as the reference does it:
+ *   txn.offsets[topic, msg.partition()] = msg.offset(); by_topic[topic] += 1; what
+ *   txn.acknowledged() does (txn._pending -= 1); then while deliveries remain
+ *   txn.unobserved += 1, else observe(now() - txn.commit_time, txn.unobserved + 1) and
+ *   txn.unobserved = 0. The slots are read and written where the type keeps them (found once,
+ *   from its __slots__ descriptors: a TypeError when txn_type has no such slots, e.g. compiled
+ *   with mypyc), msg's methods through the ones cached for its type when it is a C type without
+ *   instance dictionaries (confluent-kafka's Message). Anything else, failures included, is
+ *   reference(record, err, msg).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -443,6 +460,445 @@ bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyMethod_New(args[0], args[1]);
 }
 
+/* Deliveries: see the top of the file. */
+enum { PENDING, OFFSETS, UNOBSERVED, COMMIT_TIME, SLOTS };
+static const char *const slot_names[SLOTS] = {"_pending", "offsets", "unobserved", "commit_time"};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *txn_type;           /* the transactions' exact type, whose slots are read */
+    Py_ssize_t at[SLOTS];         /* where its instances hold each slot */
+    PyObject *by_topic;           /* a dict (or a subclass: a missing topic is got as [] gets it) */
+    int plain_dict;               /* its item assignment is dict's own */
+    PyObject *observe;
+    PyObject *now;
+    PyObject *reference;          /* the Python callback: anything but an ordinary success */
+    PyTypeObject *msg_type;       /* the last report type seen, and its two methods, unbound */
+    PyObject *partition_of;
+    PyObject *offset_of;
+} Deliveries;
+
+/* The slot `name` of `type` as __slots__ makes it (an object member, settable): its offset in
+ * the instance, or -1 (no exception set) for anything else. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *descriptor = PyObject_GetAttrString((PyObject *)type, name);
+    if (descriptor == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
+            offset = member->offset;
+        }
+    }
+    Py_DECREF(descriptor);
+    return offset;
+}
+
+/* slot = value (a new reference, consumed), as a member's setter does it. */
+static void
+replace_slot(PyObject *obj, Py_ssize_t at, PyObject *value)
+{
+    PyObject **slot = (PyObject **)((char *)obj + at);
+    PyObject *previous = *slot;
+    *slot = value;
+    Py_XDECREF(previous);
+}
+
+/* A new reference to the slot's value, or NULL with AttributeError when it is unset: Python code
+ * run meanwhile (a report's value compared, a clock, a histogram) could have changed it since
+ * the caller's checks, so every slot is read again where it is used. */
+static PyObject *
+slot_value(PyObject *obj, Py_ssize_t at, const char *name)
+{
+    PyObject *value = *(PyObject **)((char *)obj + at);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%s'",
+                     Py_TYPE(obj)->tp_name, name);
+        return NULL;
+    }
+    return Py_NewRef(value);
+}
+
+/* *count = a count slot's value, one away from either end of the range: 0, or -1 with an
+ * exception set (unset, not an int, out of range). */
+static int
+slot_count(PyObject *obj, Py_ssize_t at, const char *name, Py_ssize_t *count)
+{
+    PyObject *value = slot_value(obj, at, name);
+    if (value == NULL) {
+        return -1;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s is not an int", name);
+        Py_DECREF(value);
+        return -1;
+    }
+    *count = PyLong_AsSsize_t(value);
+    Py_DECREF(value);
+    if (*count == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*count == PY_SSIZE_T_MIN || *count == PY_SSIZE_T_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* msg.<method>(): through the method cached for msg's type when it has no instance dictionary
+ * that could shadow it, else looked up as Python looks it up. */
+static PyObject *
+report_call(Deliveries *self, PyObject *msg, PyObject *method, const char *name)
+{
+    if (method != NULL && (PyTypeObject *)Py_TYPE(msg) == self->msg_type) {
+        return PyObject_Vectorcall(method, &msg, 1, NULL);
+    }
+    return PyObject_CallMethod(msg, name, NULL);
+}
+
+/* Cache msg's type's partition and offset methods: C methods of a type without instance
+ * dictionaries (confluent-kafka's Message) only; any other type goes the general way. */
+static void
+learn_report_type(Deliveries *self, PyObject *msg)
+{
+    PyTypeObject *type = Py_TYPE(msg);
+    if (type == self->msg_type) {
+        return;
+    }
+    Py_CLEAR(self->partition_of);
+    Py_CLEAR(self->offset_of);
+    Py_CLEAR(self->msg_type);
+    if (type->tp_dictoffset != 0 || type->tp_getattro != PyObject_GenericGetAttr) {
+        return;
+    }
+    PyObject *partition = PyObject_GetAttrString((PyObject *)type, "partition");
+    PyObject *offset = partition ? PyObject_GetAttrString((PyObject *)type, "offset") : NULL;
+    if (offset == NULL || !Py_IS_TYPE(partition, &PyMethodDescr_Type)
+        || !Py_IS_TYPE(offset, &PyMethodDescr_Type)) {
+        PyErr_Clear();
+        Py_XDECREF(partition);
+        Py_XDECREF(offset);
+        return;
+    }
+    self->msg_type = (PyTypeObject *)Py_NewRef(type);
+    self->partition_of = partition;
+    self->offset_of = offset;
+}
+
+/* The success path of an ordinary record; the caller checked every slot. 0, or -1 with an
+ * exception set. The order of Python's statements, one by one. */
+static int
+delivered(Deliveries *self, PyObject *txn, PyObject *topic, PyObject *msg)
+{
+    learn_report_type(self, msg);
+    /* txn.offsets[topic, msg.partition()] = msg.offset(): the value first, as Python does */
+    PyObject *offset = report_call(self, msg, self->offset_of, "offset");
+    if (offset == NULL) {
+        return -1;
+    }
+    PyObject *partition = report_call(self, msg, self->partition_of, "partition");
+    if (partition == NULL) {
+        Py_DECREF(offset);
+        return -1;
+    }
+    PyObject *key = PyTuple_Pack(2, topic, partition);
+    Py_DECREF(partition);
+    if (key == NULL) {
+        Py_DECREF(offset);
+        return -1;
+    }
+    PyObject *offsets = slot_value(txn, self->at[OFFSETS], slot_names[OFFSETS]);
+    int stored = offsets == NULL ? -1
+                 : PyDict_CheckExact(offsets) ? PyDict_SetItem(offsets, key, offset)
+                                              : PyObject_SetItem(offsets, key, offset);
+    Py_XDECREF(offsets);
+    Py_DECREF(key);
+    Py_DECREF(offset);
+    if (stored < 0) {
+        return -1;
+    }
+
+    /* by_topic[topic] += 1 (a plain int counted as one, a missing topic got as [] gets it) */
+    PyObject *count = PyDict_GetItemWithError(self->by_topic, topic); /* borrowed */
+    if (count != NULL) {
+        Py_INCREF(count);
+    }
+    else if (PyErr_Occurred() || (count = PyObject_GetItem(self->by_topic, topic)) == NULL) {
+        return -1;
+    }
+    PyObject *counted = NULL;
+    int overflow = 1;
+    long plain = PyLong_CheckExact(count) ? PyLong_AsLongAndOverflow(count, &overflow) : 0;
+    if (!overflow && plain < LONG_MAX) {
+        counted = PyLong_FromLong(plain + 1);
+    }
+    else {
+        PyObject *one = PyLong_FromLong(1);
+        counted = PyNumber_InPlaceAdd(count, one);
+        Py_DECREF(one);
+    }
+    Py_DECREF(count);
+    if (counted == NULL) {
+        return -1;
+    }
+    stored = self->plain_dict ? PyDict_SetItem(self->by_topic, topic, counted)
+                              : PyObject_SetItem(self->by_topic, topic, counted);
+    Py_DECREF(counted);
+    if (stored < 0) {
+        return -1;
+    }
+
+    /* txn.acknowledged(): txn._pending -= 1, the deliveries still awaited */
+    Py_ssize_t pending;
+    if (slot_count(txn, self->at[PENDING], slot_names[PENDING], &pending) < 0) {
+        return -1;
+    }
+    PyObject *remaining = PyLong_FromSsize_t(pending - 1);
+    if (remaining == NULL) {
+        return -1;
+    }
+    replace_slot(txn, self->at[PENDING], remaining);
+    Py_ssize_t unobserved;
+    if (slot_count(txn, self->at[UNOBSERVED], slot_names[UNOBSERVED], &unobserved) < 0) {
+        return -1;
+    }
+    if (pending - 1 != 0) {
+        PyObject *more = PyLong_FromSsize_t(unobserved + 1);
+        if (more == NULL) {
+            return -1;
+        }
+        replace_slot(txn, self->at[UNOBSERVED], more);
+        return 0;
+    }
+    /* observe(now() - txn.commit_time, txn.unobserved + 1); txn.unobserved = 0 */
+    PyObject *now = PyObject_CallNoArgs(self->now);
+    if (now == NULL) {
+        return -1;
+    }
+    PyObject *commit_time = slot_value(txn, self->at[COMMIT_TIME], slot_names[COMMIT_TIME]);
+    PyObject *latency = commit_time == NULL ? NULL : PyNumber_Subtract(now, commit_time);
+    Py_XDECREF(commit_time);
+    Py_DECREF(now);
+    if (latency == NULL) {
+        return -1;
+    }
+    PyObject *events = PyLong_FromSsize_t(unobserved + 1);
+    if (events == NULL) {
+        Py_DECREF(latency);
+        return -1;
+    }
+    PyObject *observe_args[2] = {latency, events};
+    PyObject *observed = PyObject_Vectorcall(self->observe, observe_args, 2, NULL);
+    Py_DECREF(events);
+    Py_DECREF(latency);
+    if (observed == NULL) {
+        return -1;
+    }
+    Py_DECREF(observed);
+    replace_slot(txn, self->at[UNOBSERVED], PyLong_FromLong(0)); /* a small int: never NULL */
+    return 0;
+}
+
+/* An ordinary success: the record a (transaction, table, topic, headers) tuple, the
+ * transaction of the known type with every slot set, its counts plain ints (no overflow in
+ * reach), its offsets a dict, no error. */
+static int
+ordinary(Deliveries *self, PyObject *const *args)
+{
+    PyObject *record = args[0];
+    if (args[1] != Py_None || !PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 4) {
+        return 0;
+    }
+    PyObject *txn = PyTuple_GET_ITEM(record, 0);
+    if ((PyObject *)Py_TYPE(txn) != self->txn_type || !PyUnicode_CheckExact(PyTuple_GET_ITEM(record, 2))) {
+        return 0;
+    }
+    for (int i = 0; i < SLOTS; i++) {
+        if (*(PyObject **)((char *)txn + self->at[i]) == NULL) {
+            return 0;
+        }
+    }
+    PyObject *pending = *(PyObject **)((char *)txn + self->at[PENDING]);
+    PyObject *unobserved = *(PyObject **)((char *)txn + self->at[UNOBSERVED]);
+    if (!PyLong_CheckExact(pending) || !PyLong_CheckExact(unobserved)
+        || !PyDict_CheckExact(*(PyObject **)((char *)txn + self->at[OFFSETS]))) {
+        return 0;
+    }
+    int overflow;
+    long p = PyLong_AsLongAndOverflow(pending, &overflow);
+    if (overflow || p <= LONG_MIN + 1) {
+        return 0;
+    }
+    long u = PyLong_AsLongAndOverflow(unobserved, &overflow);
+    return !overflow && u < LONG_MAX - 1;
+}
+
+static PyObject *
+deliveries_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Deliveries *self = (Deliveries *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || kwnames != NULL || !ordinary(self, args)) {
+        return PyObject_Vectorcall(self->reference, args, nargsf, kwnames);
+    }
+    PyObject *record = args[0];
+    if (delivered(self, PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 2), args[2]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+deliveries_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *txn_type, *by_topic, *observe, *now, *reference;
+    static char *keywords[] = {"txn_type", "by_topic", "observe", "now", "reference", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOO:Deliveries", keywords,
+                                     &PyType_Type, &txn_type, &PyDict_Type, &by_topic, &observe,
+                                     &now, &reference)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(observe) || !PyCallable_Check(now) || !PyCallable_Check(reference)) {
+        PyErr_SetString(PyExc_TypeError, "Deliveries: observe, now and reference must be callable");
+        return NULL;
+    }
+    Py_ssize_t at[SLOTS];
+    for (int i = 0; i < SLOTS; i++) {
+        at[i] = slot_offset((PyTypeObject *)txn_type, slot_names[i]);
+        if (at[i] < 0) {
+            PyErr_Format(PyExc_TypeError, "Deliveries: %R has no slot %s", txn_type,
+                         slot_names[i]);
+            return NULL;
+        }
+    }
+    Deliveries *self = (Deliveries *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = deliveries_call;
+    self->txn_type = Py_NewRef(txn_type);
+    memcpy(self->at, at, sizeof(at));
+    self->by_topic = Py_NewRef(by_topic);
+    self->plain_dict = Py_TYPE(by_topic)->tp_as_mapping != NULL
+                       && Py_TYPE(by_topic)->tp_as_mapping->mp_ass_subscript
+                              == PyDict_Type.tp_as_mapping->mp_ass_subscript;
+    self->observe = Py_NewRef(observe);
+    self->now = Py_NewRef(now);
+    self->reference = Py_NewRef(reference);
+    return (PyObject *)self;
+}
+
+static int
+deliveries_traverse(Deliveries *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->txn_type);
+    Py_VISIT(self->by_topic);
+    Py_VISIT(self->observe);
+    Py_VISIT(self->now);
+    Py_VISIT(self->reference);
+    Py_VISIT(self->msg_type);
+    Py_VISIT(self->partition_of);
+    Py_VISIT(self->offset_of);
+    return 0;
+}
+
+static int
+deliveries_clear(Deliveries *self)
+{
+    Py_CLEAR(self->txn_type);
+    Py_CLEAR(self->by_topic);
+    Py_CLEAR(self->observe);
+    Py_CLEAR(self->now);
+    Py_CLEAR(self->reference);
+    Py_CLEAR(self->msg_type);
+    Py_CLEAR(self->partition_of);
+    Py_CLEAR(self->offset_of);
+    return 0;
+}
+
+static void
+deliveries_dealloc(Deliveries *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    deliveries_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef deliveries_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Deliveries, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot deliveries_slots[] = {
+    {Py_tp_doc, "Deliveries(txn_type, by_topic, observe, now, reference): a delivery callback, "
+                "called as (record, err, msg); reference is what it does, in Python."},
+    {Py_tp_new, deliveries_new},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_traverse, deliveries_traverse},
+    {Py_tp_clear, deliveries_clear},
+    {Py_tp_dealloc, deliveries_dealloc},
+    {Py_tp_members, deliveries_members},
+    {0, NULL},
+};
+
+static PyType_Spec deliveries_spec = {
+    .name = "cdc_relay.decode._tuple_reader.Deliveries",
+    .basicsize = sizeof(Deliveries),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = deliveries_slots,
+};
+
+typedef struct {
+    PyObject *deliveries_type;
+} ModuleState;
+
+static int
+module_exec(PyObject *module)
+{
+    ModuleState *state = (ModuleState *)PyModule_GetState(module);
+    state->deliveries_type = PyType_FromModuleAndSpec(module, &deliveries_spec, NULL);
+    if (state->deliveries_type == NULL) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(module, "Deliveries", state->deliveries_type);
+}
+
+static int
+module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ModuleState *state = (ModuleState *)PyModule_GetState(module);
+    if (state != NULL) {
+        Py_VISIT(state->deliveries_type);
+    }
+    return 0;
+}
+
+static int
+module_clear(PyObject *module)
+{
+    ModuleState *state = (ModuleState *)PyModule_GetState(module);
+    if (state != NULL) {
+        Py_CLEAR(state->deliveries_type);
+    }
+    return 0;
+}
+
+static void
+module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
 static PyMethodDef methods[] = {
     {"record_fields", (PyCFunction)(void (*)(void))record_fields, METH_FASTCALL,
      "record_fields(spec, topics, last, reference, row) -> tuple | None: the plain outbox "
@@ -458,6 +914,7 @@ static PyMethodDef methods[] = {
 };
 
 static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, module_exec},
 #ifdef Py_mod_multiple_interpreters
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
@@ -469,9 +926,12 @@ static struct PyModuleDef module = {
     .m_name = "cdc_relay.decode._tuple_reader",
     .m_doc = "One pgoutput TupleData, or Insert, Begin or Commit, read in one call (pgoutput.py "
               "is the reference).",
-    .m_size = 0,
+    .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC

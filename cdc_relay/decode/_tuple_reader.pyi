@@ -1,5 +1,6 @@
 """Types of the optional C tuple reader (``_tuple_reader.c``; ``pgoutput.py`` is its reference)."""
 
+from collections import defaultdict
 from collections.abc import Callable
 from types import MethodType
 from typing import Any
@@ -23,6 +24,21 @@ def read_message(
 
 def bind(function: Callable[..., Any], obj: object, /) -> MethodType:
     """``types.MethodType(function, obj)``, without the type call's argument tuple."""
+
+class Deliveries:
+    """A delivery callback, called as ``(record, err, msg)``: an ordinary success done as
+    ``reference`` (``DeliveryTracker``'s on_delivery) does it, without a Python frame; anything
+    else is ``reference(record, err, msg)``."""
+
+    def __init__(
+        self,
+        txn_type: type,
+        by_topic: defaultdict[str, int],
+        observe: Callable[[float, int], None],
+        now: Callable[[], float],
+        reference: Callable[[Any, Any, Any], None],
+    ) -> None: ...
+    def __call__(self, record: Any, err: Any, msg: Any, /) -> None: ...
 
 _Record = tuple[str, bytes, bytes | None, list[tuple[str, bytes]], str, bytes | None]
 
