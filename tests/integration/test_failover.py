@@ -328,6 +328,17 @@ def test_a_fresh_relay_accepts_a_promoted_slot_ahead_of_its_record(
         assert "ahead of the relay's recorded position" in relay.logs()
 
 
+def _wait_for_a_renewal(url: str, slot: str) -> None:
+    """Until the leader renews its lease (its expiry moves): at most one renew interval."""
+
+    def expires_at() -> object:
+        query = "SELECT expires_at FROM cdc_relay.leader_lease WHERE slot_name = %s"
+        return scalar(url, query, slot)
+
+    before = expires_at()
+    wait_until(lambda: expires_at() != before, 30, "the leader lease renewed")
+
+
 def test_a_position_read_beyond_the_promotion_point_is_not_carried_over(
     broker: KafkaBroker, unique: str
 ) -> None:
@@ -344,6 +355,12 @@ def test_a_position_read_beyond_the_promotion_point_is_not_carried_over(
             unique,
             reconnect_max_backoff="1",
             plugin="pgoutput",
+            # The subject is a relay that still leads when it reaches the promoted standby: the
+            # primary is killed just after a renewal (below), so the leadership thread notices
+            # the lost lock connection only this long after, well after the promotion (a
+            # renewal failing first makes the relay a standby, which drops its position).
+            leader_renew_interval="15",
+            leader_lease_timeout="45",
         )
         primary_url = pair.primary.url(DATABASE)
 
@@ -369,6 +386,7 @@ def test_a_position_read_beyond_the_promotion_point_is_not_carried_over(
             lost = write(primary_url, 20, 30)  # the standby never receives these
             assert len(consume_all(broker.bootstrap_servers, [topic], 50, 60)) >= 50
             time.sleep(1.5)  # the relay confirms what Kafka acknowledged
+            _wait_for_a_renewal(primary_url, slot)
             pair.primary.kill()
             pair.standby.start()
             pair.standby.promote()
