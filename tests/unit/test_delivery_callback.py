@@ -4,13 +4,11 @@ offsets and unobserved events, the per-topic counts, the latency histogram and t
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from types import MethodType, ModuleType
+from types import MethodType
 from typing import Any
 
 import pytest
@@ -19,30 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc_relay import publisher, watermark
-from cdc_relay._hot_path import extension_of
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publisher import DeliveryTracker
 from cdc_relay.watermark import PendingTransaction
+from tests.built_extension import load_tuple_reader
 from tests.fakes import DeliveryError
 
-NAME = "cdc_relay.decode._tuple_reader"
-PACKAGE = Path(publisher.__file__).resolve().parent
 TOPICS = ("outbox.event.order", "outbox.event.payment")
 
 
-def _load() -> ModuleType:
-    """The built extension, even where CDC_RELAY_PURE_PYTHON=1 keeps the relay from using it."""
-    path = extension_of(PACKAGE, NAME)
-    assert path is not None, f"{NAME} is not built: pip install -e . (needs a C compiler)"
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-READER = _load()
+READER = load_tuple_reader()
 
 
 class OtherTransaction(PendingTransaction):

@@ -10,18 +10,15 @@ decoder from using it): every tier tests it. setup.py builds it wherever a compi
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import struct
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded, extension_of
+from cdc_relay._hot_path import C_EXTENSIONS, c_extensions_loaded
 from cdc_relay.decode import pgoutput
 from cdc_relay.decode.messages import (
     UNCHANGED_TOAST,
@@ -34,23 +31,9 @@ from cdc_relay.decode.messages import (
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.outbox import OutboxMapping
 from cdc_relay.value_text import MalformedEvent
+from tests.built_extension import load_tuple_reader
 
-PACKAGE = Path(pgoutput.__file__).resolve().parents[1]
-NAME = "cdc_relay.decode._tuple_reader"
-
-
-def _load() -> ModuleType:
-    path = extension_of(PACKAGE, NAME)
-    assert path is not None, f"{NAME} is not built: pip install -e . (needs a C compiler)"
-    spec = importlib.util.spec_from_file_location(NAME, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-READER = _load()
+READER = load_tuple_reader()
 
 
 def read_c(buf: bytes, pos: int) -> Any:
