@@ -824,7 +824,12 @@ class Settings(BaseSettings):
         -1, ge=-1, description="Replication factor of topics the relay creates; -1: broker default."
     )
     sweep_interval: float = Field(
-        5.0, ge=0, description="Seconds between sweeps of published outbox rows; 0 disables."
+        5.0,
+        ge=0,
+        description=(
+            "Seconds between the starts of sweeps of published outbox rows (a sweep spreads its "
+            "statements over 60 % of it); 0 disables."
+        ),
     )
     sweep_batch_size: int = Field(1000, ge=1, description="Rows deleted per sweep transaction.")
     sweep_retention_seconds: float = Field(

@@ -92,6 +92,9 @@ MAX_CANDIDATES_PER_TABLE = 100_000
 LOCK_TIMEOUT = "2s"  # a row someone else holds locked is retried next pass, never waited for
 STATEMENT_TIMEOUT = "60s"
 WAIT_POLL = 0.2  # seconds between looks at the recorded position in sweep_until_done
+# The share of the interval over which the relay's sweeper spreads a pass's statements. The rest
+# of the interval lets the relay confirm past the last page's fence before the next pass.
+SPREAD = 0.6
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -139,6 +142,12 @@ class CandidateQueue:
             taken.append(batch)
         return taken
 
+    def covered(self, position: int | None) -> int:
+        """How many batches :meth:`take_covered` would take."""
+        if position is None:
+            return 0
+        return sum(1 for batch in self._batches if batch.fence <= position)
+
     def put_back(self, batches: Sequence[Candidates]) -> None:
         """Return batches (taken but not deleted) to the front, keeping fence order."""
         for batch in reversed(batches):
@@ -154,11 +163,41 @@ class CandidateQueue:
         return self._rows
 
     @property
+    def batches(self) -> int:
+        return len(self._batches)
+
+    @property
     def highest_fence(self) -> int | None:
         return self._batches[-1].fence if self._batches else None
 
     def __bool__(self) -> bool:
         return bool(self._batches)
+
+
+class Pace:
+    """When a pass's next statement may start: the statements planned for the pass evenly over
+    ``within`` seconds, and never busier than half the time (a rest at least as long as the
+    statement before took). Pure, given the clock's readings."""
+
+    def __init__(self, statements: int, within: float, now: float) -> None:
+        self._until = now + within
+        self._left = statements
+        self._took: float | None = None  # the last statement's time; None: none yet
+
+    def rest(self, now: float) -> float:
+        """Seconds to rest, at ``now``, before the next statement."""
+        if self._took is None:
+            return 0.0
+        if self._left <= 0:  # more statements than planned: only the half duty cycle
+            return self._took
+        # The time left shared by the statements left, each taking about as long as the last.
+        even = (self._until - now) / self._left - self._took
+        return max(self._took, even)
+
+    def ran(self, took: float) -> None:
+        """A statement ran for ``took`` seconds."""
+        self._took = took
+        self._left -= 1
 
 
 @dataclass
@@ -218,6 +257,7 @@ class _TableState:
         self.table = table
         self.queue = CandidateQueue()
         self.unselected = 0  # estimate of eligible rows beyond the candidates (selection capped)
+        self.pages = 1  # pages the last selection read: what the next is expected to read
         self.key: tuple[str, ...] = ()  # the row key, resolved each pass
         self.key_types: list[sql.Composable] = []  # of the key's columns, resolved with it
         # Row filter and sweep condition: what a row must match to be deleted at all.
@@ -240,6 +280,10 @@ class Sweeper:
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one pass at a time (relay thread vs. a CLI caller)
         self._stop: threading.Event | None = None  # run()'s: a long pass ends early on stop
+        # run()'s: the seconds over which a pass spreads its statements (0: as fast as the half
+        # duty cycle allows, for a sweep on demand).
+        self._spread = 0.0
+        self._pace = Pace(0, 0.0, 0.0)
         self._reported: dict[str, str] = {}  # table -> the error last logged for it
         # Counters for metrics and /status.
         self.deleted_total = 0
@@ -285,12 +329,14 @@ class Sweeper:
             return
         backoff = Backoff(interval, max(self.settings.reconnect_max_backoff, interval))
         self._stop = stop
+        self._spread = SPREAD * interval
         try:
             while not stop.is_set():
                 delay = interval
                 if may_sweep is not None and not may_sweep():
                     stop.wait(min(interval, 1.0))
                     continue
+                started = time.monotonic()
                 try:
                     result = self.sweep_once()
                 except PositionMismatch as exc:
@@ -314,6 +360,8 @@ class Sweeper:
                 else:
                     backoff.reset()
                     self._log(result)
+                    # Passes start every interval: a pass spread over it is not a longer period.
+                    delay = max(interval - (time.monotonic() - started), 0.0)
                 stop.wait(delay)
         finally:
             self.close()
@@ -351,6 +399,7 @@ class Sweeper:
         result.position = position
         published = published_tables(conn, self.settings.publication_name)
         refused = self._refused(conn, record) if position is not None else {}
+        self._pace = Pace(self._planned(position, boundary, select), self._spread, time.monotonic())
         for state in self._tables:
             table = state.table.table
             if table in refused:
@@ -402,16 +451,14 @@ class Sweeper:
         result: SweepResult,
     ) -> None:
         taken = state.queue.take_covered(position if boundary is not None else None)
-        started = 0.0
         for index, batch in enumerate(taken):
             # take_covered returns nothing without a position (nor, as called, a boundary)
             assert position is not None
             assert boundary is not None
+            self._rest()
             if self._stopping():
                 state.queue.put_back(taken[index:])
                 return
-            if index:
-                self._rest(started)
             started = time.monotonic()
             try:
                 ids = self._delete(conn, state, batch, boundary)
@@ -419,20 +466,38 @@ class Sweeper:
                 # Somebody holds one of these rows: try again next pass.
                 state.queue.put_back(taken[index:])
                 return
+            finally:
+                self._pace.ran(time.monotonic() - started)
             self.deleted_total += len(ids)  # counted at once: a later failure must not lose it
             result.add(SweptBatch(state.table.table, batch.fence, position, ids, time.time()))
 
-    def _rest(self, batch_started: float) -> None:
-        """Between two deletes, rest as long as the last one took: deleting at most half the time.
+    def _rest(self) -> None:
+        """Before a statement of the pass (a delete or a page of candidates), rest as the pace
+        says: the pass's statements spread over the interval, and at most half the time busy.
 
-        A pass that deletes back to back keeps a core busy in PostgreSQL and fills the WAL the
-        walsender must read through; the relay's commit-to-read latency suffered in bursts.
+        Statements back to back keep a core busy in PostgreSQL beside the writers and fill the
+        WAL the walsender must read through: the relay's commit-to-acknowledgement latency
+        suffered in those seconds, on a machine whose cores the database, relay and broker share.
         """
-        elapsed = time.monotonic() - batch_started
+        delay = self._pace.rest(time.monotonic())
+        if delay <= 0:
+            return
         if self._stop is not None:
-            self._stop.wait(elapsed)
+            self._stop.wait(delay)
         else:
-            time.sleep(elapsed)
+            time.sleep(delay)
+
+    def _planned(self, position: int | None, boundary: int | None, select: bool) -> int:
+        """The statements this pass expects to run: the deletes the position covers, and the
+        pages a table's last selection read where it will select again (its queue emptied)."""
+        covered = position if boundary is not None else None
+        planned = 0
+        for state in self._tables:
+            batches = state.queue.covered(covered)
+            planned += batches
+            if select and boundary is not None and batches == state.queue.batches:
+                planned += max(state.pages, 1)
+        return planned
 
     def _delete(
         self, conn: Connection, state: _TableState, batch: Candidates, boundary: int
@@ -453,10 +518,19 @@ class Sweeper:
             else None
         )
         after: object = None
-        while state.queue.rows < MAX_CANDIDATES_PER_TABLE and not self._stopping():
-            fence, ids = select_page(
-                conn, state, after, boundary, created_at=created_at, limit=self.batch_size
-            )
+        state.pages = 0
+        while state.queue.rows < MAX_CANDIDATES_PER_TABLE:
+            self._rest()
+            if self._stopping():
+                break
+            started = time.monotonic()
+            try:
+                fence, ids = select_page(
+                    conn, state, after, boundary, created_at=created_at, limit=self.batch_size
+                )
+            finally:
+                self._pace.ran(time.monotonic() - started)
+            state.pages += 1
             state.queue.add(fence, ids)
             if len(ids) < self.batch_size:
                 return

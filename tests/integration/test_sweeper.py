@@ -28,7 +28,7 @@ from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.row_key import key_types
-from cdc_relay.sweep_queries import page_statement
+from cdc_relay.sweep_queries import page_statement, select_page
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
@@ -305,6 +305,87 @@ def test_each_delete_transaction_removes_at_most_a_batch(
     ]
     assert all(gap >= took for gap, took in gaps), gaps
     print(f"\n1000 rows swept in batches of 100 in {elapsed:.2f}s (incl. waiting for the relay)")
+
+
+def test_a_pass_spreads_its_statements_over_the_interval_and_the_outbox_stays_small(
+    database: str, broker: KafkaBroker, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers at a steady rate, the sweeper's own loop: each pass's deletes (timed by the
+    server) and its pages of candidates are spread over the interval, never a burst of back to
+    back statements that the writers and the walsender feel; the outbox stays about an
+    interval's worth of rows, pass after pass, and is empty once the writers stop."""
+    create_outbox(database)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE sweep_audit (started float8, ended float8)")
+        conn.execute(
+            "CREATE FUNCTION audit_sweep() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO sweep_audit VALUES (extract(epoch FROM statement_timestamp()), "
+            "extract(epoch FROM clock_timestamp())); RETURN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER audit_sweep AFTER DELETE ON outbox "
+            "FOR EACH STATEMENT EXECUTE FUNCTION audit_sweep()"
+        )
+    pages: list[tuple[float, float]] = []
+
+    def timed_page(*args: Any, **kwargs: Any) -> tuple[int, list[object]]:
+        started = time.time()
+        page = select_page(*args, **kwargs)
+        pages.append((started, time.time()))
+        return page
+
+    monkeypatch.setattr("cdc_relay.sweeper.select_page", timed_page)
+    interval, batch, rate = 2.0, 50, 200  # ~8 deletes and ~8 pages a pass
+    env = relay_env(database, broker.bootstrap_servers, unique, **RELAY)
+    sweeper = Sweeper(relay_settings(env, sweep_interval=interval, sweep_batch_size=batch))
+    stop = threading.Event()
+    sweeping = threading.Thread(target=sweeper.run, args=(stop,), daemon=True)
+    events = _events(rate * 9, "p")
+    sizes: list[int] = []
+    with streaming_relay(env):
+        sweeping.start()
+        started = time.monotonic()
+        for n, chunk in enumerate(_batches(events, 10)):
+            write_transactions(database, [chunk])
+            time.sleep(max(started + (n + 1) * 10 / rate - time.monotonic(), 0))
+            if n % (rate // 10) == 0:
+                sizes.append(int(str(scalar(database, "SELECT count(*) FROM outbox"))))
+        wait_until(lambda: not _remaining(database), 20, "the sweeper to empty the outbox")
+        stop.set()
+        sweeping.join(30)
+        sweeper.close()
+    assert not sweeping.is_alive()
+    with psycopg.connect(database, autocommit=True) as conn:
+        spans = [
+            (float(str(a)), float(str(b)))
+            for a, b in conn.execute("SELECT * FROM sweep_audit ORDER BY started").fetchall()
+        ]
+    # A pass's deletes: those less than a third of the interval after the one before.
+    passes: list[list[tuple[float, float]]] = []
+    for span in spans:
+        if passes and span[0] - passes[-1][-1][1] < interval / 3:
+            passes[-1].append(span)
+        else:
+            passes.append([span])
+    full = [p for p in passes if len(p) >= 6]
+    assert len(full) >= 2, [len(p) for p in passes]
+    for deletes in full:
+        busy = sum(end - start for start, end in deletes)
+        # Spread: the pass's deletes over at least a fifth of the interval (back to back at a
+        # half duty cycle they took twice their own time, some 0.05 s here).
+        assert deletes[-1][1] - deletes[0][0] >= max(interval / 5, 4 * busy), deletes
+    # Pages of one selection: each rests at least as long as the one before took.
+    gaps = [
+        (later[0] - earlier[1], earlier[1] - earlier[0])
+        for earlier, later in itertools.pairwise(pages)
+        if later[0] - earlier[1] < interval / 3
+    ]
+    assert gaps
+    assert all(gap >= took for gap, took in gaps), gaps
+    # Bounded: never much more than two intervals' rows (one waiting to be selected, one
+    # waiting for the relay), and not growing from pass to pass.
+    assert max(sizes[3:]) <= 2.5 * interval * rate, sizes
+    assert max(sizes[-3:]) <= max(sizes[3:6]) + interval * rate, sizes
 
 
 def test_waiting_candidates_are_plain_text_the_cycle_collector_never_walks(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings, load_settings
 from cdc_relay.errors import ConfigError
 from cdc_relay.lsn import parse_lsn
-from cdc_relay.sweeper import CandidateQueue, Sweeper, SweepResult, SweptBatch
+from cdc_relay.sweeper import CandidateQueue, Pace, Sweeper, SweepResult, SweptBatch
 
 L1, L2, L3 = parse_lsn("0/100"), parse_lsn("0/200"), parse_lsn("0/300")
 
@@ -78,6 +80,52 @@ def test_empty_selections_are_not_queued_and_fences_never_go_back() -> None:
     queue.add(L2, ["a"])
     with pytest.raises(ValueError, match="backwards"):
         queue.add(L1, ["b"])
+
+
+def test_covered_counts_what_take_covered_would_take() -> None:
+    queue = CandidateQueue()
+    queue.add(L1, ["a"])
+    queue.add(L2, ["b", "c"])
+    queue.add(L3, ["d"])
+    assert queue.batches == 3
+    assert queue.covered(None) == 0
+    assert queue.covered(L2) == 2 == len(queue.take_covered(L2))
+    assert queue.batches == 1
+
+
+# -- Pace -----------------------------------------------------------------------------------------
+
+
+def test_the_first_statement_of_a_pass_does_not_wait() -> None:
+    assert Pace(10, 5.0, now=100.0).rest(100.0) == 0.0
+
+
+def test_planned_statements_are_spread_evenly_over_the_time_given() -> None:
+    pace = Pace(10, 1.0, now=0.0)
+    starts, now = [], 0.0
+    for _ in range(10):
+        now += pace.rest(now)
+        starts.append(now)
+        now += 0.01  # each statement takes 10 ms
+        pace.ran(0.01)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # The first at once; the other nine share what is left of the second, equally.
+    assert all(gap == pytest.approx(0.99 / 9, abs=1e-9) for gap in gaps), gaps
+    assert now == pytest.approx(1.0)  # the last one ends as the time given does
+
+
+def test_never_busier_than_half_the_time() -> None:
+    # Without time to spread over (a sweep on demand), or once the time is used up, or past the
+    # statements planned: a rest as long as the statement before took.
+    on_demand = Pace(10, 0.0, now=0.0)
+    on_demand.ran(0.03)
+    assert on_demand.rest(0.03) == 0.03
+    late = Pace(3, 1.0, now=0.0)
+    late.ran(0.2)
+    assert late.rest(0.9) == 0.2
+    unplanned = Pace(1, 60.0, now=0.0)
+    unplanned.ran(0.05)
+    assert unplanned.rest(0.05) == 0.05
 
 
 # -- configuration --------------------------------------------------------------------------------
