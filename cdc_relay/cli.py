@@ -129,7 +129,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser, command: str | None) -> 
         if name in _SPECIAL_FLAGS:
             continue
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} [{env_name(name)}]"
+        # argparse formats help with %: a description's own "60 %" must reach it as "60 %%".
+        help_text = f"{field.description} [{env_name(name)}]".replace("%", "%%")
         if field.annotation is bool:
             group.add_argument(
                 flag,
