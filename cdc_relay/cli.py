@@ -188,14 +188,17 @@ def _warn_secret_on_command_line(what: str, instead: str) -> None:
     )
 
 
-def dump_stacks_on_sigusr1() -> None:
-    """``kill -USR1 <pid>`` prints every thread's stack to stderr and the process carries on.
+def install_stack_dumps() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr and the process carries on; a
+    crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT: a fault in a C extension or a library)
+    prints them before the process dies.
 
-    For a relay that looks stuck: every long-running command installs it (SIGUSR1's default
-    action would end the process).
+    For a relay that looks stuck, or that died without a log line: every long-running command
+    installs it (SIGUSR1's default action would end the process).
     """
     # Suppressed: stderr without a file descriptor (embedded, captured) has nowhere to print to.
     with contextlib.suppress(OSError, ValueError, AttributeError):
+        faulthandler.enable(all_threads=True)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
@@ -204,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in (None, "run"):
         gc.enable()  # paused while the modules loaded (__main__); run() tunes it
     if args.command in (None, "run", "sweep", "demo"):
-        dump_stacks_on_sigusr1()
+        install_stack_dumps()
     if args.command == "demo":
         from cdc_relay.commands.demo import main as demo_main  # noqa: PLC0415 - servers, Kafka: late
 

@@ -341,11 +341,11 @@ def test_a_database_url_flag_with_a_password_is_warned_about(
     ("argv", "target"),
     [([], "run"), (["run"], "run"), (["sweep"], "sweep"), (["demo"], "demo")],
 )
-def test_long_running_commands_dump_stacks_on_sigusr1(
+def test_long_running_commands_install_stack_dumps(
     monkeypatch: pytest.MonkeyPatch, argv: list[str], target: str
 ) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
+    monkeypatch.setattr(cli, "install_stack_dumps", lambda: calls.append("registered"))
     monkeypatch.setattr(cli, "run", lambda _settings: 0)
     import cdc_relay.commands.demo  # noqa: PLC0415 - only to replace its entry points
     import cdc_relay.commands.sweep  # noqa: PLC0415
@@ -361,7 +361,7 @@ def test_short_commands_leave_sigusr1_alone(
     monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(cli, "dump_stacks_on_sigusr1", lambda: calls.append("registered"))
+    monkeypatch.setattr(cli, "install_stack_dumps", lambda: calls.append("registered"))
     monkeypatch.setattr(cli, "maintenance", lambda _args, _settings: 0)
     import cdc_relay.commands.status  # noqa: PLC0415 - only to replace its entry point
 
