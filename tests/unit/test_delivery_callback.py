@@ -24,6 +24,14 @@ from tests.built_extension import load_tuple_reader
 from tests.fakes import DeliveryError
 
 TOPICS = ("outbox.event.order", "outbox.event.payment")
+# The mypyc build's PendingTransaction is a compiled class without __slots__: the C callback
+# refuses it and is never used there (test_it_needs_the_transactions_slots,
+# test_the_tracker_uses_it_unless_pure_python_is_asked_for); its equivalence with the reference
+# runs in the source tiers, where it is used.
+COMPILED = not str(watermark.__file__).endswith(".py")
+needs_slots = pytest.mark.skipif(
+    COMPILED, reason="compiled PendingTransaction: the C callback is not used in this build"
+)
 
 
 READER = load_tuple_reader()
@@ -108,6 +116,7 @@ _TRANSACTIONS = st.lists(
 )
 
 
+@needs_slots
 @settings(max_examples=300, deadline=None)
 @given(_TRANSACTIONS, st.data())
 def test_every_report_is_accounted_as_the_reference_accounts_it(
@@ -144,6 +153,7 @@ def test_every_report_is_accounted_as_the_reference_accounts_it(
         assert _state(fast, worlds[0][1]) == _state(reference, worlds[1][1])
 
 
+@needs_slots
 def test_what_it_cannot_read_goes_to_the_reference() -> None:
     """A report with the wrong arguments, a record of another shape: the reference is called, and
     its answer (or error) is the callback's."""
@@ -189,6 +199,11 @@ def test_it_needs_the_transactions_slots() -> None:
         READER.Deliveries(Plain, stats.published_by_topic, stats.latency.observe, float, print)
     with pytest.raises(TypeError):  # by_topic must be a dict
         READER.Deliveries(PendingTransaction, [], stats.latency.observe, float, print)
+    if COMPILED:
+        with pytest.raises(TypeError, match="has no slot"):
+            READER.Deliveries(
+                PendingTransaction, stats.published_by_topic, stats.latency.observe, float, print
+            )
 
 
 def test_the_tracker_uses_it_unless_pure_python_is_asked_for() -> None:
@@ -221,6 +236,7 @@ def _spoiled(tracker: DeliveryTracker) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+@needs_slots
 def test_a_report_whose_values_run_code_is_accounted_as_the_reference_does() -> None:
     """A partition whose hash replaces the transaction's offsets and spoils its unobserved count
     (only a fake report can): the same outcome, the same error, and nothing freed in use."""
