@@ -7,13 +7,14 @@ would, so that CPU time and peak RSS read from ``/proc/<pid>`` are the relay's a
 from __future__ import annotations
 
 import compileall
+import math
 import os
 import platform
 import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -439,6 +440,16 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> bytes | None:
             return body
     except (urllib.error.URLError, OSError):
         return None
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks of an ascending sequence (nan when empty)."""
+    if not ordered:
+        return float("nan")
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass

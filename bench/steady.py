@@ -39,6 +39,7 @@ from bench.harness import (
     RelayChild,
     cpu_breakdown,
     create_outbox,
+    percentile,
     postmaster_pid,
     process_snapshot,
 )
@@ -53,16 +54,6 @@ INSERT = (
 )
 # CDF points kept in the JSON (and plotted): every percent, then the tail.
 CDF_QUANTILES = (*(i / 100 for i in range(100)), 0.995, 0.999, 0.9995, 0.9999, 1.0)
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks of an ascending list."""
-    if not ordered:
-        return float("nan")
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def default_writers(rate: int) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from bench.harness import Histogram, ProcessCPU, cpu_breakdown
+from bench.harness import Histogram, ProcessCPU, cpu_breakdown, percentile
 
 LONG_STATEMENT_S = 0.05  # a statement listed on its own in the JSON (the rest summed per second)
 SCRAPE_INTERVAL = 1.0  # seconds between the sampler's looks at the relay and the database
@@ -218,13 +218,6 @@ def database_activity(conn: psycopg.Connection[Any], table: str = "outbox") -> d
     }
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def per_second(
     seqs: Sequence[int],
     inserted: Sequence[float],
@@ -251,8 +244,8 @@ def per_second(
                 "t": second,
                 "events": len(lats),
                 "writer_lag_max_ms": round(max(lags), 1),
-                "consumer_p50_ms": round(_quantile(lats, 0.5), 1),
-                "consumer_p99_ms": round(_quantile(lats, 0.99), 1),
+                "consumer_p50_ms": round(percentile(lats, 0.5), 1),
+                "consumer_p99_ms": round(percentile(lats, 0.99), 1),
                 "consumer_max_ms": round(lats[-1], 1),
                 "consumer_within_target": round(
                     sum(1 for x in lats if x <= target_ms) / len(lats), 4
