@@ -42,6 +42,7 @@ from bench.harness import (
     percentile,
     postmaster_pid,
     process_snapshot,
+    threads_cpu,
 )
 from bench.report import P99_MS_MAX
 from cdc_relay.local import LocalBroker, LocalPostgres
@@ -316,6 +317,7 @@ def _timeline(
         ],
         "statements_total_ms": timeline.statement_totals(seconds),
         "quiet": timeline.quiet_share(relay_rows, timeline.QUIET_OTHER_PERCENT),
+        "early_late": timeline.early_late(relay_rows),
         "worst_seconds": timeline.worst(seconds, "consumer_within_target"),
         "worst_relay_intervals": timeline.worst(relay_rows, "within_target"),
         "sampler_errors": errors[:5],
@@ -382,6 +384,7 @@ def steady_scenario(
                             relay.latency_histogram,
                             lambda: timeline.database_activity(watcher),
                             processes=process_snapshot,
+                            threads=lambda: threads_cpu(relay.pid),
                         ).start()
                         try:
                             written = write_events(connections, rate, seconds)
