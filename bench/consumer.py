@@ -7,9 +7,10 @@ waits) and, for each event, computes ``receive time - payload["ts"]``: the write
 ``clock_timestamp()`` into the payload at insert time. Events with a negative ``seq`` are warm-up
 events, not measured. Protocol on stdout: ``ready`` once assigned, ``warm`` once WARMUP warm-up
 events arrived. On stdin: a line with the number of measured events to expect; the consumer stops
-when it has them all (or after ``--idle-timeout`` seconds without a new one) and writes OUT as
-JSON: ``latencies_ms`` (in arrival order), with each event's ``seqs`` and ``inserted`` (its
-``ts``, for the bench's timeline), ``received``, ``duplicates``, ``messages``.
+when it has them all (or after ``--idle-timeout`` seconds without a new one, or on SIGTERM: the
+parent's deadline) and writes OUT as JSON: ``latencies_ms`` (in arrival order), with each
+event's ``seqs`` and ``inserted`` (its ``ts``, for the bench's timeline), ``received``,
+``duplicates``, ``messages``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,13 @@ def consume(
             "log_level": 3,
         }
     )
+    stop = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True  # what was read so far is written out, not lost
+
+    signal.signal(signal.SIGTERM, on_term)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     consumer.consume(num_messages=1, timeout=0.2)  # first fetch under way
     _say("ready")
@@ -67,7 +76,7 @@ def consume(
     expected: int | None = None
     last_new = time.monotonic()
     try:
-        while True:
+        while not stop:
             # poll() returns as soon as one record is there; consume(timeout=0) then takes what
             # else is queued. (consume() with a timeout waits to fill its batch: added latency.)
             first = consumer.poll(0.05)

@@ -129,6 +129,34 @@ def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
     return parse_stat(text, os.sysconf("SC_CLK_TCK")).cpu
 
 
+def thread_group(pid: int, tid: int, name: str) -> str:
+    """Which part of a relay a thread is: its main thread (the loop), librdkafka's threads (named
+    ``rdk:...`` by librdkafka; ``rdk:broker<id>`` serves one broker connection), or another of
+    its own (the sweeper, the HTTP server, the lease: Python names none of them in /proc)."""
+    if tid == pid:
+        return "main"
+    if name.startswith("rdk:broker") and not name.startswith("rdk:broker-1"):
+        return "librdkafka broker"
+    if name.startswith("rdk:"):
+        return "librdkafka other"
+    return "other threads"
+
+
+def threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid``'s threads by :func:`thread_group` (threads that already exited
+    are not counted: the process's total is :func:`cpu_seconds_with_children`)."""
+    groups: dict[str, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = parse_stat((entry / "stat").read_text(), ticks)
+        except OSError:
+            continue
+        group = thread_group(pid, int(entry.name), stat.name)
+        groups[group] = groups.get(group, 0.0) + stat.cpu
+    return groups
+
+
 def process_snapshot() -> dict[int, ProcessCPU]:
     """Every process: pid -> its name, parent pid and CPU seconds so far."""
     snapshot: dict[int, ProcessCPU] = {}

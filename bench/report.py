@@ -200,7 +200,8 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
             if consumer["missing"] or consumer["duplicates"]:
                 rows.append(
                     ("", "missing / duplicate events", f"{consumer['missing']} / "
-                     f"{consumer['duplicates']}", "", "", "", "")
+                     f"{consumer['duplicates']}", "", "", "",
+                     "consumer stopped at its deadline" if consumer.get("timed_out") else "")
                 )  # fmt: skip
         rows.append(
             ("", "relay CPU, µs/event", _num(relay["cpu_us_per_event"]), "", "",

@@ -42,6 +42,7 @@ from bench.harness import (
     percentile,
     postmaster_pid,
     process_snapshot,
+    threads_cpu,
 )
 from bench.report import P99_MS_MAX
 from cdc_relay.local import LocalBroker, LocalPostgres
@@ -145,6 +146,13 @@ def write_events(
     }
 
 
+def consumer_timeout(seconds: float) -> float:
+    """How long the consumer may take, once the relay published everything, to read the window's
+    events: the test broker serves fetches more slowly the more it holds, so the consumer falls
+    behind by a share of the window (seconds behind after a 60 s window), more on a busy machine."""
+    return 120.0 + 2.0 * seconds
+
+
 def write_warmup(url: str, count: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for i in range(count):
@@ -185,12 +193,22 @@ class ConsumerChild:
         raise RuntimeError(f"consumer did not say {line!r} within {timeout}s")
 
     def result(self, expected: int, timeout: float) -> dict[str, Any]:
+        """What the consumer read once it has ``expected`` events; after ``timeout`` seconds, what
+        it read until then (``timed_out``: the rest is reported missing, not the run lost)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{expected}\n".encode())
         self.proc.stdin.flush()
-        if self.proc.wait(timeout) != 0:
+        timed_out = False
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.proc.terminate()  # it writes what it read, then exits
+            self.proc.wait(30)
+        if self.proc.returncode != 0:
             raise RuntimeError(f"consumer failed with exit code {self.proc.returncode}")
         result: dict[str, Any] = json.loads(self._out.read_text())
+        result["timed_out"] = timed_out
         return result
 
     def close(self) -> None:
@@ -299,6 +317,7 @@ def _timeline(
         ],
         "statements_total_ms": timeline.statement_totals(seconds),
         "quiet": timeline.quiet_share(relay_rows, timeline.QUIET_OTHER_PERCENT),
+        "early_late": timeline.early_late(relay_rows),
         "worst_seconds": timeline.worst(seconds, "consumer_within_target"),
         "worst_relay_intervals": timeline.worst(relay_rows, "within_target"),
         "sampler_errors": errors[:5],
@@ -365,6 +384,7 @@ def steady_scenario(
                             relay.latency_histogram,
                             lambda: timeline.database_activity(watcher),
                             processes=process_snapshot,
+                            threads=lambda: threads_cpu(relay.pid),
                         ).start()
                         try:
                             written = write_events(connections, rate, seconds)
@@ -385,7 +405,7 @@ def steady_scenario(
                         time.sleep(0.05)
                         histogram = relay.latency_histogram().minus(before)
                     receive = relay.latency_histogram(RECEIVE_LATENCY_METRIC).minus(receive_before)
-                    received = consumer.result(events, 120)
+                    received = consumer.result(events, consumer_timeout(seconds))
                     server_log = _log_since(server, log_from)
                     exit_code = relay.stop()
                     settings = relay.settings
@@ -409,6 +429,7 @@ def steady_scenario(
         "consumer": {
             "received": received["received"],
             "missing": events - int(received["received"]),
+            "timed_out": received["timed_out"],
             "duplicates": received["duplicates"],
         },
         "latency_ms": _latency_summary(received["latencies_ms"]),

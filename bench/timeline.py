@@ -152,6 +152,7 @@ class Sample:
     histogram: Histogram
     database: dict[str, Any] = field(default_factory=dict)
     processes: dict[int, ProcessCPU] | None = None  # every process's CPU so far
+    threads: dict[str, float] | None = None  # the relay's CPU so far by thread group
 
 
 class Sampler:
@@ -164,10 +165,12 @@ class Sampler:
         activity: Callable[[], dict[str, Any]],
         interval: float = SCRAPE_INTERVAL,
         processes: Callable[[], dict[int, ProcessCPU]] | None = None,
+        threads: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self._scrape = scrape
         self._activity = activity
         self._processes = processes
+        self._threads = threads
         self._interval = interval
         self._stop = threading.Event()
         self.samples: list[Sample] = []
@@ -190,7 +193,8 @@ class Sampler:
                 at = time.time()
                 histogram = self._scrape()
                 processes = self._processes() if self._processes is not None else None
-                self.samples.append(Sample(at, histogram, self._activity(), processes))
+                threads = self._threads() if self._threads is not None else None
+                self.samples.append(Sample(at, histogram, self._activity(), processes, threads))
             except Exception as exc:  # a missed sample must not end the run
                 self.errors.append(repr(exc))
             next_at += self._interval
@@ -272,6 +276,15 @@ def relay_intervals(
             if roots and earlier.processes is not None and later.processes is not None
             else None
         )
+        seconds = later.at - earlier.at
+        threads = (
+            {
+                group: round((cpu - earlier.threads.get(group, 0.0)) / seconds * 100, 1)
+                for group, cpu in sorted(later.threads.items())
+            }
+            if earlier.threads is not None and later.threads is not None and seconds > 0
+            else None
+        )
         delta = later.histogram.minus(earlier.histogram)
         within = delta.share_within(target_s)
         bucket = delta.bucket(0.99)
@@ -286,9 +299,34 @@ def relay_intervals(
                 else [round(b * 1000, 1) if math.isfinite(b) else None for b in bucket],
                 **later.database,
                 **({"cpu_percent_of_a_core": cpu} if cpu is not None else {}),
+                **({"relay_threads_percent_of_a_core": threads} if threads is not None else {}),
             }
         )
     return rows
+
+
+def early_late(rows: Sequence[dict[str, Any]], span: float = 10.0) -> dict[str, Any] | None:
+    """The relay's CPU by thread group and the broker's, mean % of a core over the first and the
+    last ``span`` seconds of the scrape intervals: at a constant event rate, what grows."""
+    timed = [r for r in rows if "relay_threads_percent_of_a_core" in r and r.get("events")]
+    if len(timed) < 2:
+        return None
+    end = timed[-1]["to_s"]
+    first = [r for r in timed if r["from_s"] < timed[0]["from_s"] + span]
+    last = [r for r in timed if r["to_s"] > end - span]
+
+    def mean(chosen: Sequence[dict[str, Any]]) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        for row in chosen:
+            for group, value in row["relay_threads_percent_of_a_core"].items():
+                sums[group] = sums.get(group, 0.0) + value
+            broker = row.get("cpu_percent_of_a_core", {}).get("broker")
+            if broker is not None:
+                sums["broker (process)"] = sums.get("broker (process)", 0.0) + broker
+            sums["within target"] = sums.get("within target", 0.0) + row["within_target"] * 100
+        return {group: round(total / len(chosen), 1) for group, total in sums.items()}
+
+    return {"span_s": span, "first": mean(first), "last": mean(last)}
 
 
 def statement_ms(events: Sequence[ServerEvent], t0: float, seconds: int) -> list[dict[str, float]]:
@@ -381,6 +419,7 @@ def worst_lines(name: str, result: dict[str, Any]) -> list[str]:
         for e in found["server_events"]
         if e["kind"] != "statement"
     ]
+    growth = found.get("early_late")
     quiet = found.get("quiet", {})
     totals = list(found.get("statements_total_ms", {}).items())[:4]
     spent = ", ".join(f"{what} {ms / 1000:.1f} s" for what, ms in totals if ms >= 50)
@@ -389,6 +428,18 @@ def worst_lines(name: str, result: dict[str, Any]) -> list[str]:
         "    autovacuum and checkpoints in the window: " + ("; ".join(background) or "none"),
         "    statement time in the window: " + (spent or "none"),
     ]
+    if growth:
+        first, last = growth["first"], growth["last"]
+        lines.append(
+            f"    first vs last {growth['span_s']:g} s, % of a core: "
+            + ", ".join(
+                f"{group} {first.get(group, 0.0):.0f} → {last.get(group, 0.0):.0f}"
+                for group in sorted(set(first) | set(last))
+                if group != "within target"
+            )
+            + f"; within 20 ms {first.get('within target', 0.0):.1f} → "
+            f"{last.get('within target', 0.0):.1f} %"
+        )
     if quiet.get("within_target") is not None:
         lines.append(
             f"    within 20 ms in the {quiet['intervals']} of {quiet['of_intervals']} intervals "

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from bench.harness import Histogram, ProcessCPU
+from bench.harness import Histogram, ProcessCPU, thread_group
 from bench.timeline import (
     LOG_SETTINGS,
     Sample,
     ServerEvent,
+    early_late,
     parse_server_log,
     per_second,
     quiet_share,
@@ -217,3 +218,44 @@ def test_the_quiet_share_keeps_only_intervals_with_little_foreign_cpu() -> None:
         "within_target": 0.925,
     }
     assert quiet_share(rows[2:4], 25.0)["within_target"] is None
+
+
+def test_the_relay_threads_cpu_per_interval_and_first_against_last_seconds() -> None:
+    def threads(main: float, broker: float) -> dict[str, float]:
+        return {"main": main, "librdkafka broker": broker, "other threads": 0.5}
+
+    samples = [
+        Sample(T0 + t, _histogram(10 * t, 10 * t, 10 * t), {}, None, threads(0.1 * t, b))
+        for t, b in enumerate([0.0, 0.05, 0.1, 0.3, 0.5, 0.7])
+    ]
+    rows = relay_intervals(samples, T0, 0.02)
+    assert rows[0]["relay_threads_percent_of_a_core"] == {
+        "librdkafka broker": 5.0,
+        "main": 10.0,
+        "other threads": 0.0,
+    }
+    growth = early_late(rows, span=2.0)
+    assert growth == {
+        "span_s": 2.0,
+        "first": {"librdkafka broker": 5.0, "main": 10.0, "other threads": 0.0,
+                  "within target": 100.0},
+        "last": {"librdkafka broker": 20.0, "main": 10.0, "other threads": 0.0,
+                 "within target": 100.0},
+    }  # fmt: skip
+    result: dict[str, Any] = {
+        "timeline": {"per_second": [], "worst_relay_intervals": [], "server_events": []}
+    }
+    result["timeline"]["early_late"] = growth
+    assert worst_lines("steady", result)[-1] == (
+        "    first vs last 2 s, % of a core: librdkafka broker 5 → 20, main 10 → 10, "
+        "other threads 0 → 0; within 20 ms 100.0 → 100.0 %"
+    )
+    assert early_late(rows[:1]) is None
+
+
+def test_thread_groups_name_the_loop_librdkafka_and_the_rest() -> None:
+    assert thread_group(10, 10, "python") == "main"
+    assert thread_group(10, 11, "rdk:broker111") == "librdkafka broker"
+    assert thread_group(10, 12, "rdk:broker-1") == "librdkafka other"  # the bootstrap connection
+    assert thread_group(10, 13, "rdk:main") == "librdkafka other"
+    assert thread_group(10, 14, "python") == "other threads"
