@@ -36,7 +36,7 @@ def test_a_wake_up_takes_in_more_than_libpqs_first_buffer(database: str) -> None
         deadline = time.monotonic() + 60
         inserts = 0
         while inserts < ROWS and time.monotonic() < deadline:
-            time.sleep(0.01)  # a loop busy elsewhere: the socket fills meanwhile
+            time.sleep(0.05)  # a loop busy elsewhere: the socket fills meanwhile
             if not stream.wait(1.0):
                 continue
             taken = 0
