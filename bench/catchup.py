@@ -62,6 +62,7 @@ from bench.harness import (
     machine_facts,
     postmaster_pid,
     thread_cpu_seconds,
+    thread_schedstat,
 )
 from bench.peer import PeerChild, PeerRuntime
 from bench.report import RATIO_AFTER_STARTUP_MIN
@@ -243,6 +244,7 @@ def time_relay(
     samples_published: list[int] = [0]
     startup_cpu: float | None = None
     startup_main_cpu: float | None = None
+    startup_sched: tuple[float, float] | None = None
     startup_s: float | None = None
     start_replication_s: float | None = None
     broker_s: float | None = None
@@ -273,6 +275,7 @@ def time_relay(
                         # of the session starting, so it includes a little streaming work).
                         startup_cpu = cpu_seconds_with_children(relay.pid)
                         startup_main_cpu = thread_cpu_seconds(relay.pid)
+                        startup_sched = thread_schedstat(relay.pid)
                         startup_s = now - relay.started
                         # The instant the relay sent START_REPLICATION, on the monotonic clock
                         # both processes share (perf_counter is that clock on Linux): exact,
@@ -292,6 +295,7 @@ def time_relay(
         elapsed = time.perf_counter() - relay.started
         cpu = cpu_seconds_with_children(relay.pid)
         main_cpu = thread_cpu_seconds(relay.pid)
+        end_sched = thread_schedstat(relay.pid)
         during = window.end({"program": relay.pid, "broker": broker})
         rss = relay.peak_rss_mb()
         published = relay.published() or 0
@@ -314,6 +318,12 @@ def time_relay(
             main_cpu if startup_main_cpu is None else startup_main_cpu
         ),
         "startup_seconds": elapsed if startup_s is None else startup_s,
+        # The main thread after start-up: seconds on a CPU and runnable without one.
+        "main_thread_sched_after_startup": (
+            None
+            if startup_sched is None
+            else [end - start for start, end in zip(startup_sched, end_sched, strict=True)]
+        ),
         "broker_seconds": broker_s,
         "cpu_during_run": during,
         "first_on_broker_seconds": first_s,
@@ -453,6 +463,18 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
             # What the loop alone could sustain with a core of its own.
             "main_thread_rows_per_s_alone": round(1e6 / streaming) if streaming > 0 else None,
         }
+    sched = measured.get("main_thread_sched_after_startup")
+    if sched is not None and "startup_seconds" in measured:
+        wall = seconds - float(measured["startup_seconds"])
+        running, runnable = sched
+        if wall > 0:
+            # Where the loop's wall time after start-up went: working, preempted (runnable, no
+            # CPU free), or neither (waiting on the server's socket, the position write, a sleep).
+            out["main_thread_after_startup_percent"] = {
+                "running": round(100 * running / wall, 1),
+                "runnable": round(100 * runnable / wall, 1),
+                "waiting": round(100 * max(wall - running - runnable, 0.0) / wall, 1),
+            }
     if "cpu_during_run" in measured:
         out["cpu_during_run"] = cpu_during_run(rows, measured["cpu_during_run"])
     return out
@@ -461,11 +483,14 @@ def _summary(rows: int, measured: dict[str, Any]) -> dict[str, Any]:
 def cpu_during_run(rows: int, during: dict[str, Any]) -> dict[str, Any]:
     """CPU seconds by label over one run as % of one core and as µs per row of the backlog."""
     window, cpu = float(during["window_s"]), during["cpu_s"]
-    return {
+    out = {
         "window_s": round(window, 3),
         "percent_of_a_core": {label: round(100 * s / window, 1) for label, s in cpu.items()},
         "us_per_row": {label: round(s / rows * 1e6, 2) for label, s in cpu.items()},
     }
+    if "walsender_runnable_s" in during:  # the walsender runnable without a CPU, % of the run
+        out["walsender_runnable_percent"] = round(100 * during["walsender_runnable_s"] / window, 1)
+    return out
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:

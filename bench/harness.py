@@ -157,6 +157,27 @@ def threads_cpu(pid: int) -> dict[str, float]:
     return groups
 
 
+def parse_schedstat(text: str) -> tuple[float, float]:
+    """``/proc/.../schedstat``: seconds on a CPU, and seconds runnable but waiting for one."""
+    running, runnable, _ = text.split()
+    return int(running) / 1e9, int(runnable) / 1e9
+
+
+def thread_schedstat(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """One thread's (the main thread's by default) seconds on a CPU and runnable but preempted
+    or not yet scheduled: what its time off a CPU while it had work was."""
+    tid = pid if tid is None else tid
+    return parse_schedstat(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text())
+
+
+def _runnable(pid: int) -> float | None:
+    """A process's seconds runnable without a CPU, or None once it is gone."""
+    try:
+        return parse_schedstat(Path(f"/proc/{pid}/schedstat").read_text())[1]
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+
+
 def process_snapshot() -> dict[int, ProcessCPU]:
     """Every process: pid -> its name, parent pid and CPU seconds so far."""
     snapshot: dict[int, ProcessCPU] = {}
@@ -312,6 +333,12 @@ class RunCPU:
             if process.parent == postmaster and pid not in walsenders
         }
         self._walsenders: dict[int, float] = {}
+        # Seconds each walsender was runnable without a CPU (schedstat), likewise read while
+        # it lives: 0 for one born during the run.
+        self._walsenders_runnable_before = {
+            pid: _runnable(pid) or 0.0 for pid in self._walsenders_before
+        }
+        self._walsenders_runnable: dict[int, float] = {}
         self.started = time.perf_counter()
 
     def poll(self) -> None:
@@ -319,6 +346,11 @@ class RunCPU:
             stat = _proc_stat(str(pid))
             if stat is not None:
                 self._walsenders[pid] = max(stat.cpu, self._walsenders.get(pid, 0.0))
+            runnable = _runnable(pid)
+            if runnable is not None:
+                self._walsenders_runnable[pid] = max(
+                    runnable, self._walsenders_runnable.get(pid, 0.0)
+                )
 
     def wait_walsenders_gone(self, timeout: float = 2.0) -> None:
         """Until every walsender seen has been reaped, reading them meanwhile: one that exits
@@ -346,7 +378,15 @@ class RunCPU:
         )
         server = used.pop("server")
         ordered = {"server": server, "walsender": min(walsender, server)}
-        return {"window_s": seconds, "cpu_s": {**ordered, **used, "machine": machine}}
+        runnable = sum(
+            s - self._walsenders_runnable_before.get(pid, 0.0)
+            for pid, s in self._walsenders_runnable.items()
+        )
+        return {
+            "window_s": seconds,
+            "cpu_s": {**ordered, **used, "machine": machine},
+            "walsender_runnable_s": runnable,
+        }
 
 
 def postmaster_pid(server: LocalPostgres) -> int:

@@ -369,7 +369,8 @@ def cpu_runs_table(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str
     """Per catch-up scenario: where the machine's CPU went during each program's run, and what
     the relay's main thread alone could sustain."""
     header = ("program", "run s", *CPU_LABELS, "µs/row: server (walsender)", "broker",
-              "program", "main thread µs/row → rows/s alone")  # fmt: skip
+              "program", "main thread µs/row → rows/s alone",
+              "main thread % run / runnable / waiting")  # fmt: skip
     tables: list[str] = []
     for key, result in scenarios.items():
         if result["kind"] != "catchup":
@@ -383,13 +384,16 @@ def cpu_runs_table(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str
             shares = [_num(percent[label], 0) if label in percent else "-" for label in CPU_LABELS]
             main = run.get("main_thread_cpu_us_per_event_after_startup")
             alone = run.get("main_thread_rows_per_s_alone")
+            split = run.get("main_thread_after_startup_percent")
             rows.append(
                 (name, _num(during["window_s"], 2),
                  *shares,
                  f"{_num(per_row['server'], 2)} ({_num(per_row['walsender'], 2)})",
                  _num(per_row.get("broker"), 2) if "broker" in per_row else "-",
                  _num(per_row["program"], 2),
-                 f"{_num(main, 2)} → {alone:,}" if main is not None and alone else "")
+                 f"{_num(main, 2)} → {alone:,}" if main is not None and alone else "",
+                 " / ".join(_num(split[k], 0) for k in ("running", "runnable", "waiting"))
+                 if split else "")
             )  # fmt: skip
         if not rows:
             continue
@@ -404,9 +408,11 @@ def cpu_runs_table(scenarios: dict[str, dict[str, Any]], cores: int) -> list[str
             "walsender: of it, the replication connection's; program: the program's own "
             "process (every thread); bench: its broker counter and probes; machine: /proc/stat",
             "  main thread: its CPU per row after start-up, and 1 / that: the rows/s the loop "
-            "could sustain with a core of its own",
+            "could sustain with a core of its own; its wall time after start-up in % on a CPU, "
+            "runnable without one (preempted: /proc schedstat), and neither (waiting on the "
+            "server, the position write, a sleep)",
         ]
-        tables.append("\n".join([heading, *_grid(header, rows, set(range(1, 13))), *notes]))
+        tables.append("\n".join([heading, *_grid(header, rows, set(range(1, 14))), *notes]))
     return tables
 
 

@@ -22,6 +22,14 @@ from cdc_relay.postgres_errors import During, connect_error, kind_of
 from cdc_relay.replication.protocol import standby_status_update
 
 APPLICATION_NAME = "cdc-relay"
+# libpq reads the socket into an input buffer of 16 KiB, which it enlarges (doubles) only when
+# asked to read while the buffer is full, and then keeps for the connection. At 16 KiB a catch-up
+# takes in ~50 outbox rows per wake-up of the loop: a select, a recv and a pass of the loop each.
+# So a wake-up that finds more still waiting after a read reads again, this many times per
+# connection in all (16 KiB → 512 KiB); from then on one read takes in what the socket holds, up
+# to the buffer's size. A cap, not a loop for as long as data waits: that would grow the buffer
+# to whatever the TCP window lets the server send ahead (megabytes).
+INPUT_BUFFER_DOUBLINGS = 5
 
 
 def replication_conninfo(database_url: str) -> str:
@@ -53,6 +61,7 @@ class ReplicationStream:
         self._coalesce = coalesce
         self._fed = False  # the last wait brought data
         self._woke_at = 0.0
+        self._doublings = INPUT_BUFFER_DOUBLINGS
         self.timeline: tuple[str, int] | None = None  # the server's, read by open()
 
     @property
@@ -93,6 +102,7 @@ class ReplicationStream:
             conn.finish()
             _raise_for_sqlstate(sqlstate, message, self._slot_name)
         self._conn = conn
+        self._doublings = INPUT_BUFFER_DOUBLINGS  # a new connection's buffer is 16 KiB again
 
     @property
     def fileno(self) -> int:
@@ -140,6 +150,9 @@ class ReplicationStream:
         if readable:
             try:
                 conn.consume_input()
+                while self._doublings and select.select(sock, [], [], 0)[0]:
+                    self._doublings -= 1
+                    conn.consume_input()
             except psycopg.OperationalError as exc:
                 raise SourceUnavailable(f"replication connection lost: {exc}") from None
         return self._fed

@@ -13,13 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import compiled
-from bench.catchup import _median, baseline_label, cpu_during_run, item2_budget
+from bench.catchup import _median, _summary, baseline_label, cpu_during_run, item2_budget
 from bench.harness import (
     KTHREADD,
     ProcessCPU,
     cpu_breakdown,
     cpu_seconds_by_tree,
     parse_cpu_line,
+    parse_schedstat,
     parse_stat,
 )
 from bench.report import budget_lines, cpu_runs_table
@@ -204,6 +205,38 @@ def test_the_budget_says_so_when_the_target_is_within_reach() -> None:
     assert budget["reachable_on_what_others_left"] is False
 
 
+def test_a_walsender_runnable_without_a_cpu_is_a_share_of_the_run() -> None:
+    during = {"window_s": 2.0, "cpu_s": {"walsender": 0.6}, "walsender_runnable_s": 0.9}
+    assert cpu_during_run(100_000, during)["walsender_runnable_percent"] == 45.0
+
+
+def test_schedstat_is_seconds_on_a_cpu_then_runnable_without_one() -> None:
+    assert parse_schedstat("1177000000 527000000 1992\n") == (1.177, 0.527)
+
+
+def test_the_main_threads_wall_time_after_start_up_splits_into_running_runnable_waiting() -> None:
+    measured = {
+        "seconds": 2.5,
+        "cpu_seconds": 2.0,
+        "startup_seconds": 0.5,
+        "startup_cpu_seconds": 0.4,
+        "peak_rss_mb": 70.0,
+        "published": 200_000,
+        "exit_code": 0,
+        "main_thread_cpu_seconds": 1.6,
+        "startup_main_thread_cpu_seconds": 0.3,
+        # after start-up: 1.3 s on a CPU, 0.5 s runnable, of the 2.0 s
+        "main_thread_sched_after_startup": [1.3, 0.5],
+    }
+    assert _summary(200_000, measured)["main_thread_after_startup_percent"] == {
+        "running": 65.0,
+        "runnable": 25.0,
+        "waiting": 10.0,
+    }
+    measured["main_thread_sched_after_startup"] = None  # never saw it stream: no split
+    assert "main_thread_after_startup_percent" not in _summary(200_000, measured)
+
+
 def test_the_cpu_table_has_a_row_per_program_and_the_loop_alone() -> None:
     during = {
         "window_s": 1.25,
@@ -221,6 +254,7 @@ def test_the_cpu_table_has_a_row_per_program_and_the_loop_alone() -> None:
         "main_thread_cpu_us_per_event_after_startup": 6.25,
         "main_thread_rows_per_s_alone": 160_000,
     }
+    split = {"running": 63.4, "runnable": 28.2, "waiting": 8.4}
     scenario = {
         "kind": "catchup",
         "rows": 200_000,
@@ -228,7 +262,7 @@ def test_the_cpu_table_has_a_row_per_program_and_the_loop_alone() -> None:
         "transactions": 20_000,
         "rounds": 2,
         "pg_recvlogical": {"cpu_during_run": during},
-        "relay": relay,
+        "relay": {**relay, "main_thread_after_startup_percent": split},
         "baselines": {compiled.LABEL: relay},
     }
     (text,) = cpu_runs_table({"catchup_10_per_txn": scenario}, 2)
@@ -236,9 +270,10 @@ def test_the_cpu_table_has_a_row_per_program_and_the_loop_alone() -> None:
     assert "% of one core (of 200), medians of 2 rounds" in lines[0]
     recv = next(line for line in lines if line.startswith("pg_recvlogical"))
     assert recv.split()[3:12] == ["1.25", "80", "70", "-", "20", "-", "-", "110", "5.00"]
-    for name in ("cdc-relay ", compiled.LABEL):
-        row = next(line for line in lines if line.startswith(name))
-        assert row.endswith("6.25 → 160,000")
+    compiled_row = next(line for line in lines if line.startswith(compiled.LABEL))
+    assert compiled_row.endswith("6.25 → 160,000")  # no split measured: the column left empty
+    relay_row = next(line for line in lines if line.startswith("cdc-relay "))
+    assert relay_row.split("160,000")[1].split() == ["63", "/", "28", "/", "8"]
 
 
 def test_the_build_pins_and_inputs_are_the_dockerfiles() -> None:
