@@ -71,8 +71,9 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
 UNPRODUCIBLE = "UNPRODUCIBLE_RECORD"  # error code of a record confluent-kafka refused to take
 METADATA_TIMEOUT = 10.0
-# How long close() waits for a metadata call made off the session's thread to return.
+# How long a closed producer's destruction waits for a metadata call of another thread.
 CLOSE_WAIT = METADATA_TIMEOUT + 1.0
+PURGED_REPORTS_WAIT = 1.0  # close() serves the purged records' reports this long at most
 # A transactional call waits at most this long at a time; a timed-out call is called again
 # (librdkafka resumes it) after the caller's duties (the slot's status, the lease) are served.
 TRANSACTION_CALL_TIMEOUT = 0.1
@@ -272,6 +273,21 @@ def refusal(exc: Exception) -> ProduceRefused:
     )
 
 
+# Producers being destroyed (Publisher.close), each on a thread of its own.
+_closing: list[threading.Thread] = []
+
+
+def await_closed(timeout: float) -> bool:
+    """Before the process exits: wait (at most ``timeout`` seconds in all) until every closed
+    producer's librdkafka client is destroyed. False when one is still being destroyed (an
+    unresponsive broker): the process then exits with it, as it must exit in time."""
+    deadline = time.monotonic() + timeout
+    for closing in _closing:
+        closing.join(max(0.0, deadline - time.monotonic()))
+    _closing[:] = [closing for closing in _closing if closing.is_alive()]
+    return not _closing
+
+
 class Publisher:
     """A thin, typed wrapper of one idempotent Producer."""
 
@@ -402,30 +418,41 @@ class Publisher:
     def close(self, purge: bool) -> None:
         """Purge (records will be re-sent by the next session) or just drop the producer.
 
-        Either way its librdkafka client ends here, whoever still holds a bound method of it:
+        Either way its librdkafka client is destroyed, whoever still holds a bound method of it:
         the session keeps ``produce_raw`` for its hot path, and the first session is frozen by
         the collector (:func:`cdc_relay.collector.settled`), never freed. Dropping our reference
         alone would leave that client running, threads and broker connections, for the life of
         the process: through the interpreter's finalization and the C library's exit handlers.
+        Destroying it may wait on an unresponsive broker, so it happens on a thread of its own;
+        the process waits for it before it exits (:func:`await_closed`).
         """
         producer = self._producer
         if purge:
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.poll(0)
         producer.flush(0)
+        # What is left goes now, as destroying the client drops it anyway (the next session
+        # re-sends it); its reports are served, and ignored, here on the session's thread.
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        producer.flush(PURGED_REPORTS_WAIT)
         with self._metadata_done:
-            # From here no metadata call starts (AttributeError); one under way returns within
-            # its timeout. librdkafka's client may not be destroyed while another thread is in it.
-            idle = self._metadata_done.wait_for(lambda: self._metadata_calls == 0, CLOSE_WAIT)
+            # No metadata call starts from here on (AttributeError).
             # The producer holds our error callback, we hold the producer: break the cycle.
             del self._producer, self.produce_raw, self.poll
         self._admin = None
-        if not idle:
-            log.warning("a Kafka metadata request outlived the producer's close: left running")
-            return
-        # close() flushes without a bound: what is left goes first, as destroying the client
-        # drops it (the next session re-sends it); its reports are served, and ignored, there.
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        closing = threading.Thread(
+            target=self._destroy, args=(producer,), name="cdc-relay-producer-close", daemon=True
+        )
+        _closing.append(closing)
+        closing.start()
+
+    def _destroy(self, producer: Producer) -> None:
+        """Destroy ``producer`` once no metadata call of another thread is inside it (each
+        returns within its timeout): librdkafka's client must not be destroyed under a call."""
+        with self._metadata_done:
+            if not self._metadata_done.wait_for(lambda: self._metadata_calls == 0, CLOSE_WAIT):
+                log.warning("a Kafka metadata request outlived the producer's close")
+                return
         producer.close()
 
     def _list_topics(self, topic: str | None = None, timeout: float = METADATA_TIMEOUT) -> Any:

@@ -16,7 +16,7 @@ import pytest
 
 from cdc_relay.errors import SinkUnavailable
 from cdc_relay.observability.stats import RelayStats
-from cdc_relay.publisher import Publisher
+from cdc_relay.publisher import Publisher, await_closed
 
 NO_BROKER = {"bootstrap.servers": "127.0.0.1:9", "enable.idempotence": "true"}
 
@@ -50,6 +50,7 @@ def test_close_ends_the_client_while_the_session_still_holds_its_produce(purge: 
     started = time.monotonic()
     publisher.close(purge=purge)
 
+    assert await_closed(5.0)  # as the relay waits before it exits
     assert time.monotonic() - started < 5.0  # what was queued is dropped, not waited for
     assert _settled(before) <= before  # the client's threads are gone
     with pytest.raises(RuntimeError):  # and what is still held of it refuses to work
@@ -76,6 +77,7 @@ def test_close_waits_for_a_metadata_request_of_another_thread() -> None:
     thread.start()
     time.sleep(0.2)  # inside list_topics
     publisher.close(purge=True)
+    assert await_closed(5.0)
     thread.join(5.0)
     assert len(outcome) == 1
     assert isinstance(outcome[0], SinkUnavailable)
