@@ -42,6 +42,9 @@ from cdc_relay.errors import ConfigError, RelayError
 from cdc_relay.logs import configure
 
 log = logging.getLogger("cdc_relay.cli")
+# At exit, how long to wait for closed Kafka producers to be destroyed (an unresponsive broker
+# can hold one up); then the process exits anyway.
+PRODUCER_CLOSE_WAIT = 5.0
 
 _SPECIAL_FLAGS = {"kafka_producer_config"}  # given as repeatable --kafka-property KEY=VALUE
 
@@ -277,7 +280,20 @@ def run(settings: Settings) -> int:
         # resume from the confirmed position.
         log.exception("unexpected error, exiting")
         return 70
+    finally:
+        _await_producers()
     return 0
+
+
+def _await_producers() -> None:
+    """librdkafka's clients end before the interpreter does: a client's threads must not run
+    through its finalization and the C library's exit handlers (cdc_relay.publisher)."""
+    publisher = sys.modules.get("cdc_relay.publisher")  # not imported: no producer was made
+    if publisher is not None and not publisher.await_closed(PRODUCER_CLOSE_WAIT):
+        log.warning(
+            "exiting while a Kafka producer is still being destroyed",
+            extra={"fields": {"waited_s": PRODUCER_CLOSE_WAIT}},
+        )
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:

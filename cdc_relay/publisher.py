@@ -12,6 +12,7 @@ transactional: its transactional calls' errors are mapped by :mod:`cdc_relay.tra
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 _ERROR_LOG_INTERVAL = 10.0
 UNPRODUCIBLE = "UNPRODUCIBLE_RECORD"  # error code of a record confluent-kafka refused to take
 METADATA_TIMEOUT = 10.0
+# How long a closed producer's destruction waits for a metadata call of another thread.
+CLOSE_WAIT = METADATA_TIMEOUT + 1.0
+PURGED_REPORTS_WAIT = 1.0  # close() serves the purged records' reports this long at most
 # A transactional call waits at most this long at a time; a timed-out call is called again
 # (librdkafka resumes it) after the caller's duties (the slot's status, the lease) are served.
 TRANSACTION_CALL_TIMEOUT = 0.1
@@ -269,6 +273,21 @@ def refusal(exc: Exception) -> ProduceRefused:
     )
 
 
+# Producers being destroyed (Publisher.close), each on a thread of its own.
+_closing: list[threading.Thread] = []
+
+
+def await_closed(timeout: float) -> bool:
+    """Before the process exits: wait (at most ``timeout`` seconds in all) until every closed
+    producer's librdkafka client is destroyed. False when one is still being destroyed (an
+    unresponsive broker): the process then exits with it, as it must exit in time."""
+    deadline = time.monotonic() + timeout
+    for closing in _closing:
+        closing.join(max(0.0, deadline - time.monotonic()))
+    _closing[:] = [closing for closing in _closing if closing.is_alive()]
+    return not _closing
+
+
 class Publisher:
     """A thin, typed wrapper of one idempotent Producer."""
 
@@ -283,6 +302,10 @@ class Publisher:
         self._fatal: Any = None  # the fatal KafkaError, mapped when the loop checks
         self._config = config
         self._admin: AdminClient | None = None
+        # Metadata calls in progress on other threads (a topic's helper thread, the readiness
+        # probe): close() destroys the client only once they returned.
+        self._metadata_calls = 0
+        self._metadata_done = threading.Condition()
         self.transactional = transactional_id is not None
         own = {} if transactional_id is None else {"transactional.id": transactional_id}
         # How long a transaction's commit may be resumed: the broker aborts it after this.
@@ -393,15 +416,57 @@ class Publisher:
         return transaction_failure(error, doing)
 
     def close(self, purge: bool) -> None:
-        """Purge (records will be re-sent by the next session) or just drop the producer."""
+        """Purge (records will be re-sent by the next session) or just drop the producer.
+
+        Either way its librdkafka client is destroyed, whoever still holds a bound method of it:
+        the session keeps ``produce_raw`` for its hot path, and the first session is frozen by
+        the collector (:func:`cdc_relay.collector.settled`), never freed. Dropping our reference
+        alone would leave that client running, threads and broker connections, for the life of
+        the process: through the interpreter's finalization and the C library's exit handlers.
+        Destroying it may wait on an unresponsive broker, so it happens on a thread of its own;
+        the process waits for it before it exits (:func:`await_closed`).
+        """
+        producer = self._producer
         if purge:
-            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-            self._producer.poll(0)
-        self._producer.flush(0)
-        # The producer holds our error callback, we hold the producer: break the cycle so that
-        # librdkafka's threads and connections go away now, not at some later garbage collection.
-        del self._producer, self.produce_raw, self.poll
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.poll(0)
+        producer.flush(0)
+        # What is left goes now, as destroying the client drops it anyway (the next session
+        # re-sends it); its reports are served, and ignored, here on the session's thread.
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        producer.flush(PURGED_REPORTS_WAIT)
+        with self._metadata_done:
+            # No metadata call starts from here on (AttributeError).
+            # The producer holds our error callback, we hold the producer: break the cycle.
+            del self._producer, self.produce_raw, self.poll
         self._admin = None
+        closing = threading.Thread(
+            target=self._destroy, args=(producer,), name="cdc-relay-producer-close", daemon=True
+        )
+        _closing.append(closing)
+        closing.start()
+
+    def _destroy(self, producer: Producer) -> None:
+        """Destroy ``producer`` once no metadata call of another thread is inside it (each
+        returns within its timeout): librdkafka's client must not be destroyed under a call."""
+        with self._metadata_done:
+            if not self._metadata_done.wait_for(lambda: self._metadata_calls == 0, CLOSE_WAIT):
+                log.warning("a Kafka metadata request outlived the producer's close")
+                return
+        producer.close()
+
+    def _list_topics(self, topic: str | None = None, timeout: float = METADATA_TIMEOUT) -> Any:
+        """The producer's metadata, asked off the session's thread: counted, so that close()
+        waits for it. AttributeError once closed."""
+        with self._metadata_done:
+            producer = self._producer
+            self._metadata_calls += 1
+        try:
+            return producer.list_topics(topic, timeout=timeout)
+        finally:
+            with self._metadata_done:
+                self._metadata_calls -= 1
+                self._metadata_done.notify_all()
 
     def ensure_topic(
         self,
@@ -427,7 +492,7 @@ class Publisher:
                 f"invalid topic name {cut(topic)!r}: Kafka allows 1-249 of [a-zA-Z0-9._-]",
             )
         try:
-            metadata = self._producer.list_topics(timeout=METADATA_TIMEOUT)
+            metadata = self._list_topics()
         except KafkaException as exc:
             raise SinkUnavailable(f"cannot read Kafka metadata: {exc}") from None
         found = metadata.topics.get(topic)
@@ -470,7 +535,7 @@ class Publisher:
         """Each partition of ``topic`` and its end as ListOffsets "latest" tells it — a lower
         bound on some brokers, never above what exists. Blocks: call it off the loop."""
         try:
-            metadata = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT)
+            metadata = self._list_topics(topic)
             found = metadata.topics.get(topic)
             if found is None or found.error is not None:
                 raise SinkUnavailable(f"no metadata for topic {topic!r}")
@@ -491,7 +556,7 @@ class Publisher:
     def probe(self, timeout: float) -> None:
         """Ask a broker for metadata; raises SinkUnavailable when none answers in time."""
         try:
-            self._producer.list_topics(timeout=timeout)
+            self._list_topics(timeout=timeout)
         except (KafkaException, AttributeError) as exc:  # AttributeError: closed meanwhile
             raise SinkUnavailable(f"Kafka broker unreachable: {exc}") from None
 
