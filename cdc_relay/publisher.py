@@ -443,7 +443,8 @@ class Publisher:
         closing = threading.Thread(
             target=self._destroy, args=(producer,), name="cdc-relay-producer-close", daemon=True
         )
-        _closing.append(closing)
+        # Those already destroyed go: a relay that rebuilds its producer for days keeps none.
+        _closing[:] = [*(other for other in _closing if other.is_alive()), closing]
         closing.start()
 
     def _destroy(self, producer: Producer) -> None:

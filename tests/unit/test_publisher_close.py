@@ -83,3 +83,17 @@ def test_close_waits_for_a_metadata_request_of_another_thread() -> None:
     assert isinstance(outcome[0], SinkUnavailable)
     with pytest.raises(SinkUnavailable):  # a probe after the close: the same, no crash
         publisher.probe(1.0)
+
+
+def test_destroyed_producers_are_not_kept() -> None:
+    """A relay rebuilds its producer after each broker outage, for as long as it runs: the
+    threads that destroyed the earlier ones are not kept."""
+    from cdc_relay import publisher as module  # noqa: PLC0415
+
+    for _ in range(5):
+        Publisher(NO_BROKER, RelayStats()).close(purge=True)
+        for closing in list(module._closing):
+            closing.join(5.0)  # destroyed, and the relay has not exited
+    Publisher(NO_BROKER, RelayStats()).close(purge=True)
+    assert len(module._closing) <= 1
+    assert await_closed(5.0)
