@@ -150,6 +150,15 @@ def external_services() -> list[str]:
     return [name for name in (DATABASE_URL_ENV, BOOTSTRAP_SERVERS_ENV) if os.environ.get(name)]
 
 
+def own_services_only(what: str) -> pytest.MarkDecorator:
+    """The mark of a module whose tests start services of their own (``what`` says which): they
+    are skipped when the tier runs against external services."""
+    return pytest.mark.skipif(
+        bool(external_services()),
+        reason=f"{what}; {' and '.join(external_services())} select external services",
+    )
+
+
 def skip_if_external(what: str) -> None:
     """Skip a test that starts a PostgreSQL cluster of its own (from local server binaries) when
     the tier runs against external services: that mode uses no local server."""

@@ -14,15 +14,11 @@ from confluent_kafka import Producer
 from bench.harness import TOPIC, TOPIC_PARTITIONS
 from bench.steady import ConsumerChild, consumer_timeout
 from cdc_relay.local import LocalBroker
-from tests.conftest import external_services
+from tests.conftest import own_services_only
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(external_services()),
-        reason="starts a broker of its own; "
-        f"{' and '.join(external_services())} select external services",
-    ),
+    own_services_only("starts a broker of its own"),
 ]
 
 

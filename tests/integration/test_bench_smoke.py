@@ -24,7 +24,7 @@ from bench import peer
 from bench.catchup import copy_slot, time_recvlogical, write_backlog
 from bench.harness import create_outbox, current_lsn, postmaster_pid
 from cdc_relay.local import LocalPostgres
-from tests.conftest import external_services
+from tests.conftest import own_services_only
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {
@@ -38,11 +38,7 @@ SCENARIOS = {
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(external_services()),
-        reason="the benchmark starts a PostgreSQL cluster and a broker of its own; "
-        f"{' and '.join(external_services())} select external services",
-    ),
+    own_services_only("the benchmark starts a PostgreSQL cluster and a broker of its own"),
 ]
 
 

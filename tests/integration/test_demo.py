@@ -23,15 +23,11 @@ from pathlib import Path
 import pytest
 
 from cdc_relay.commands import demo
-from tests.conftest import external_services
+from tests.conftest import own_services_only
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(external_services()),
-        reason="the demo starts a PostgreSQL cluster and a broker of its own; "
-        f"{' and '.join(external_services())} select external services",
-    ),
+    own_services_only("the demo starts a PostgreSQL cluster and a broker of its own"),
 ]
 
 EVENT_LINE = re.compile(

@@ -23,15 +23,11 @@ from cdc_relay.config import Settings
 from cdc_relay.local import LocalBroker
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publisher import Publisher
-from tests.conftest import external_services
+from tests.conftest import own_services_only
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(external_services()),
-        reason="pauses a broker of its own; "
-        f"{' and '.join(external_services())} select external services",
-    ),
+    own_services_only("pauses a broker of its own"),
 ]
 
 TOPIC = "slow.acks"
