@@ -21,6 +21,7 @@ import gc
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -43,7 +44,7 @@ from cdc_relay.logs import configure
 
 log = logging.getLogger("cdc_relay.cli")
 # At exit, how long to wait for closed Kafka producers to be destroyed (an unresponsive broker
-# can hold one up); then the process exits anyway.
+# can hold one up), and never past a stop's shutdown timeout; then the process exits anyway.
 PRODUCER_CLOSE_WAIT = 5.0
 
 _SPECIAL_FLAGS = {"kafka_producer_config"}  # given as repeatable --kafka-property KEY=VALUE
@@ -258,9 +259,13 @@ def run(settings: Settings) -> int:
         log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
         return exc.exit_code
     relay = Relay(settings)
+    # A stop is due within the shutdown timeout of its signal: the exit's wait for the producer
+    # (_await_producers) takes only what is left of it.
+    stop_due: list[float] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("stop requested", extra={"fields": {"signal": signal.Signals(signum).name}})
+        stop_due.append(time.monotonic() + settings.shutdown_timeout)
         relay.request_stop()
         # A second signal stops at once.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -281,18 +286,22 @@ def run(settings: Settings) -> int:
         log.exception("unexpected error, exiting")
         return 70
     finally:
-        _await_producers()
+        wait = PRODUCER_CLOSE_WAIT
+        if stop_due:
+            wait = max(0.0, min(wait, stop_due[0] - time.monotonic()))
+        _await_producers(wait)
     return 0
 
 
-def _await_producers() -> None:
+def _await_producers(wait: float) -> None:
     """librdkafka's clients end before the interpreter does: a client's threads must not run
-    through its finalization and the C library's exit handlers (cdc_relay.publisher)."""
+    through its finalization and the C library's exit handlers (cdc_relay.publisher). At most
+    ``wait`` seconds: an unresponsive broker can hold a client's destruction up."""
     publisher = sys.modules.get("cdc_relay.publisher")  # not imported: no producer was made
-    if publisher is not None and not publisher.await_closed(PRODUCER_CLOSE_WAIT):
+    if publisher is not None and not publisher.await_closed(wait):
         log.warning(
             "exiting while a Kafka producer is still being destroyed",
-            extra={"fields": {"waited_s": PRODUCER_CLOSE_WAIT}},
+            extra={"fields": {"waited_s": round(wait, 3)}},
         )
 
 
