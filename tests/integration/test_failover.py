@@ -268,8 +268,12 @@ def test_relay_follows_a_promotion_without_losing_events(
     for key, seqs in order.items():
         assert seqs == sorted(seqs), f"order broken for {key}: {seqs}"
     assert sum(len(s) for s in order.values()) == len(published)
+    # It reconnected by itself: the session noticed the kill first and retried, or the
+    # leadership's connection did, and the relay, a standby for a moment, took the lease again.
     logs = relay.logs()
-    assert re.search(r"session ended, retrying", logs), logs
+    assert re.search(
+        r"session ended, retrying|lost the leadership: dropped what was in flight", logs
+    ), logs
 
 
 def test_a_fresh_relay_accepts_a_promoted_slot_ahead_of_its_record(
