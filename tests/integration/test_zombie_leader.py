@@ -141,6 +141,8 @@ def _zombie_round(
         _wait_for_log_since(leader, mark, "standby: another relay leads", 60)
         woken = leader.logs()[mark:]
         assert CONFIRMED not in woken, f"the woken leader confirmed:\n{woken}"
+    # The reader lags the broker: the round's copies are counted in it, not in the next round.
+    _until_no_new_duplicates(reader)
     assert _leader_pid(database, slot) == successor.pid
     fenced = 0 if killed else leader.logs()[mark:].count("(PRODUCER_FENCED)")
     retried = [
@@ -152,6 +154,16 @@ def _zombie_round(
         kept, took, released - before, reader.duplicates() - released, fenced,
         takeover_duplicates=before - at_start, successor_retried=retried[0] if retried else None,
     )  # fmt: skip
+
+
+def _until_no_new_duplicates(reader: BackgroundReader, quiet: float = 1.0) -> None:
+    """Wait until the reader has seen no new duplicate for ``quiet`` seconds (at most 20 s)."""
+    deadline = time.monotonic() + 20
+    seen, since = reader.duplicates(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (now := reader.duplicates()) != seen:
+            seen, since = now, time.monotonic()
 
 
 @pytest.mark.parametrize("exactly_once", ["false", "true"])
