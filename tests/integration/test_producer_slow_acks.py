@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from bench.harness import threads_cpu
 from cdc_relay.config import Settings
 from cdc_relay.local import LocalBroker
 from cdc_relay.observability.stats import RelayStats
@@ -37,16 +38,7 @@ HELD = 1.5  # seconds the broker is paused
 
 def _broker_threads_cpu() -> float:
     """CPU seconds so far of this process's librdkafka broker threads (``rdk:broker<id>``)."""
-    total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/stat") as fh:
-            stat = fh.read()
-        name = stat[stat.find("(") + 1 : stat.rfind(")")]
-        if name.startswith("rdk:broker") and not name.startswith("rdk:broker-1"):
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    return threads_cpu(os.getpid()).get("librdkafka broker", 0.0)
 
 
 def _cpu_while_acks_are_held(properties: dict[str, str]) -> float:
