@@ -215,7 +215,7 @@ def replay_once(
         if toggle:
             subprocess.run([*toggle, "off", str(os.getpid())], check=True, capture_output=True)
     published = stats.published
-    publisher.close(purge=False)
+    publisher.close()
     if published != events_in(frames):
         raise RuntimeError(f"replayed {events_in(frames)} events but {published} were acknowledged")
     return {

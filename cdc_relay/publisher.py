@@ -415,24 +415,21 @@ class Publisher:
             return SinkUnavailable(f"{doing} failed: {exc}")
         return transaction_failure(error, doing)
 
-    def close(self, purge: bool) -> None:
-        """Purge (records will be re-sent by the next session) or just drop the producer.
+    def close(self) -> None:
+        """Drop what is still queued or in flight (the next session re-sends it: late duplicates
+        at most) and destroy the producer.
 
-        Either way its librdkafka client is destroyed, whoever still holds a bound method of it:
-        the session keeps ``produce_raw`` for its hot path, and the first session is frozen by
-        the collector (:func:`cdc_relay.collector.settled`), never freed. Dropping our reference
-        alone would leave that client running, threads and broker connections, for the life of
-        the process: through the interpreter's finalization and the C library's exit handlers.
-        Destroying it may wait on an unresponsive broker, so it happens on a thread of its own;
-        the process waits for it before it exits (:func:`await_closed`).
+        Its librdkafka client is destroyed whoever still holds a bound method of it: the session
+        keeps ``produce_raw`` for its hot path, and the first session is frozen by the collector
+        (:func:`cdc_relay.collector.settled`), never freed. Dropping our reference alone would
+        leave that client running, threads and broker connections, for the life of the process:
+        through the interpreter's finalization and the C library's exit handlers. Destroying it
+        may wait on an unresponsive broker, so it happens on a thread of its own; the process
+        waits for it before it exits (:func:`await_closed`).
         """
         producer = self._producer
-        if purge:
-            producer.purge(in_queue=True, in_flight=True, blocking=False)
-            producer.poll(0)
-        producer.flush(0)
-        # What is left goes now, as destroying the client drops it anyway (the next session
-        # re-sends it); its reports are served, and ignored, here on the session's thread.
+        # Purged first, so that nothing more is sent; then its reports, and those already
+        # queued, are served, and ignored, here on the session's thread.
         producer.purge(in_queue=True, in_flight=True, blocking=False)
         producer.flush(PURGED_REPORTS_WAIT)
         with self._metadata_done:

@@ -259,7 +259,7 @@ class Relay:
         try:
             self._run_sessions()
         except LeadershipLost as exc:
-            self._drop_publisher(purge=True)  # late duplicates at most: see README
+            self._drop_publisher()  # late duplicates at most: see README
             log.warning(
                 "lost the leadership: dropped what was in flight, now a standby",
                 extra={"fields": {"reason": str(exc)}},
@@ -268,7 +268,7 @@ class Relay:
             self._resend = None
             self.leadership.resign()
         finally:
-            self._drop_publisher(purge=False)
+            self._drop_publisher()
             self.stats.leader = False
             self.stats.streaming = False
 
@@ -362,7 +362,7 @@ class Relay:
                 # E.g. a partition: the lease ran out while this session was stuck.
                 require_lease(self.leadership.leading, "no retry")
                 if isinstance(exc, SinkUnavailable):
-                    self._drop_publisher(purge=True)
+                    self._drop_publisher()
                 # Only transient failures get here; permanent ones (ConfigError, a
                 # SourceSetupError such as failed authentication) end run() at once.
                 delay = backoff.delay()
@@ -467,7 +467,7 @@ class Relay:
                 if not clean:
                     # Nothing uncommitted is confirmed; the next producer's fence ends it too.
                     session.window.abandon()
-                    self._drop_publisher(purge=True)
+                    self._drop_publisher()
 
     def _fence_then_read_back(
         self, started: Started
@@ -492,7 +492,7 @@ class Relay:
             try:
                 publisher.init_transactions(Keepalive(started.stream, started.start))
             except BaseException:
-                publisher.close(purge=True)
+                publisher.close()
                 raise
             self._publisher = publisher
         if self.topic_rules is None:
@@ -501,9 +501,9 @@ class Relay:
             return None, started.noted
         return self.start.read_back(started, meanwhile=lambda: None)
 
-    def _drop_publisher(self, purge: bool) -> None:
+    def _drop_publisher(self) -> None:
         if self._publisher is not None:
-            self._publisher.close(purge=purge)
+            self._publisher.close()
             self._publisher = None
 
 

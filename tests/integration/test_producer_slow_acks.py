@@ -85,7 +85,7 @@ def _cpu_while_acks_are_held(properties: dict[str, str]) -> float:
         deadline = time.monotonic() + 20
         while len(acked) < sent and time.monotonic() < deadline:
             publisher.poll(0.1)
-        publisher.close(purge=False)
+        publisher.close()
     assert len(acked) == sent  # every record arrived: the pause only held acknowledgements
     assert cpu is not None
     return cpu

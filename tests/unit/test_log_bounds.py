@@ -229,7 +229,7 @@ def test_a_refused_topic_is_quoted_cut() -> None:
         with pytest.raises(ProduceRefused) as refused:
             TopicRules(settings).ensure(publisher, HUGE_TOPIC, event=True, serve=lambda: None)
     finally:
-        publisher.close(purge=True)
+        publisher.close()
     assert refused.value.reason.startswith("invalid topic name")
     assert len(refused.value.reason) < 2 * MAX_VALUE_CHARS
     assert "…[cut " in refused.value.reason

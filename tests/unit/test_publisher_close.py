@@ -37,8 +37,7 @@ def _settled(expected: int, timeout: float = 5.0) -> int:
     return count
 
 
-@pytest.mark.parametrize("purge", [False, True])
-def test_close_ends_the_client_while_the_session_still_holds_its_produce(purge: bool) -> None:
+def test_close_ends_the_client_while_the_session_still_holds_its_produce() -> None:
     gc.collect()  # clients other tests left to the collector go first
     before = _librdkafka_threads()
     publisher = Publisher(NO_BROKER, RelayStats())
@@ -48,7 +47,7 @@ def test_close_ends_the_client_while_the_session_still_holds_its_produce(purge: 
         held("t", b"v", None, -1, lambda err, msg: None, None, 0, [("h", b"1")])
 
     started = time.monotonic()
-    publisher.close(purge=purge)
+    publisher.close()
 
     assert await_closed(5.0)  # as the relay waits before it exits
     assert time.monotonic() - started < 5.0  # what was queued is dropped, not waited for
@@ -76,7 +75,7 @@ def test_close_waits_for_a_metadata_request_of_another_thread() -> None:
     thread = threading.Thread(target=probe)
     thread.start()
     time.sleep(0.2)  # inside list_topics
-    publisher.close(purge=True)
+    publisher.close()
     assert await_closed(5.0)
     thread.join(5.0)
     assert len(outcome) == 1
@@ -91,9 +90,9 @@ def test_destroyed_producers_are_not_kept() -> None:
     from cdc_relay import publisher as module  # noqa: PLC0415
 
     for _ in range(5):
-        Publisher(NO_BROKER, RelayStats()).close(purge=True)
+        Publisher(NO_BROKER, RelayStats()).close()
         for closing in list(module._closing):
             closing.join(5.0)  # destroyed, and the relay has not exited
-    Publisher(NO_BROKER, RelayStats()).close(purge=True)
+    Publisher(NO_BROKER, RelayStats()).close()
     assert len(module._closing) <= 1
     assert await_closed(5.0)
