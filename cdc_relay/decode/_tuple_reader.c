@@ -342,88 +342,121 @@ same_bytes(PyObject *known, PyObject *value)
            && memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(value), (size_t)size) == 0;
 }
 
-/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
-static PyObject *
-plain_record(PyObject *const *args)
+/* An ordinary row's columns and topic, borrowed (the topic from `last`). */
+typedef struct {
+    PyObject *raw_id, *aggregate_type, *aggregate_id, *event_type, *payload, *topic;
+} PlainRow;
+
+/* The columns of an ordinary row, as record_fields takes them (the id's UTF-8 aside), and its
+ * cached topic: 1; 0 for any other row; -1 with an exception. The types of spec, topics and
+ * last are checked by the caller. Runs no Python code. */
+static int
+plain_columns(PyObject *row, PyObject *spec, PyObject *topics, PyObject *last, PlainRow *plain)
 {
-    PyObject *row = args[0];
     if (!PyTuple_CheckExact(row)) {
-        Py_RETURN_NONE;
+        return 0;
     }
-    PyObject *spec = args[1];
     Py_ssize_t size = PyTuple_GET_SIZE(row);
     PyObject *columns[5];
     for (int i = 0; i < 5; i++) {
         Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, i));
         if (index == -1 && PyErr_Occurred()) {
-            return NULL;
+            return -1;
         }
         if (index < 0 || index >= size || !PyBytes_CheckExact(PyTuple_GET_ITEM(row, index))) {
-            Py_RETURN_NONE;
+            return 0;
         }
         columns[i] = PyTuple_GET_ITEM(row, index);
     }
-    PyObject *raw_id = columns[0], *aggregate_type = columns[1], *aggregate_id = columns[2];
-    PyObject *event_type = columns[3], *payload = columns[4];
+    PyObject *aggregate_type = columns[1], *event_type = columns[3];
     Py_ssize_t headers_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
     if (headers_index == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     if (headers_index >= 0
         && (headers_index >= size || PyBytes_CheckExact(PyTuple_GET_ITEM(row, headers_index)))) {
-        Py_RETURN_NONE; /* entries to parse, or a row shorter than its relation */
+        return 0; /* entries to parse, or a row shorter than its relation */
     }
-    PyObject *last = args[3];
-    PyObject *topic; /* borrowed */
-    if (same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
-        && same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
-        topic = PyList_GET_ITEM(last, 2);
-    }
-    else {
+    if (!same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
+        || !same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
         PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
         if (key == NULL) {
-            return NULL;
+            return -1;
         }
-        topic = PyDict_GetItemWithError(args[2], key);
+        PyObject *topic = PyDict_GetItemWithError(topics, key);
         Py_DECREF(key);
         if (topic == NULL) {
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
-            Py_RETURN_NONE; /* not cached yet: the reference makes it */
+            return PyErr_Occurred() ? -1 : 0; /* not cached yet: the reference makes it */
         }
         PyObject *entry[3] = {aggregate_type, event_type, topic};
         for (int i = 0; i < 3; i++) {
             /* PyList_SetItem steals the new reference and releases the old item */
             if (PyList_SetItem(last, i, Py_NewRef(entry[i])) < 0) {
-                return NULL;
+                return -1;
             }
         }
-        topic = PyList_GET_ITEM(last, 2);
     }
-    PyObject *event_id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw_id), PyBytes_GET_SIZE(raw_id),
-                                              "strict");
-    if (event_id == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+    plain->raw_id = columns[0];
+    plain->aggregate_type = aggregate_type;
+    plain->aggregate_id = columns[2];
+    plain->event_type = event_type;
+    plain->payload = columns[4];
+    plain->topic = PyList_GET_ITEM(last, 2);
+    return 1;
+}
+
+/* The bytes object's text, strict UTF-8: a new str; NULL without an exception when it is not
+ * UTF-8. */
+static PyObject *
+utf8_text(PyObject *raw)
+{
+    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), "strict");
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+    }
+    return text;
+}
+
+/* The three headers every plain record starts with (the names spec's last three items), in a
+ * new list with room for `room` more items (set to NULL: the caller sets them). */
+static PyObject *
+first_headers(PyObject *spec, const PlainRow *plain, Py_ssize_t room)
+{
+    PyObject *headers = PyList_New(3 + room);
+    if (headers == NULL) {
         return NULL;
     }
-    PyObject *headers = PyList_New(3);
+    PyObject *values[3] = {plain->raw_id, plain->event_type, plain->aggregate_type};
+    for (int i = 0; i < 3; i++) {
+        PyObject *header = PyTuple_New(2);
+        if (header == NULL) {
+            Py_DECREF(headers); /* the items not yet set are NULL: list deallocation skips them */
+            return NULL;
+        }
+        PyTuple_SET_ITEM(header, 0, Py_NewRef(PyTuple_GET_ITEM(spec, 6 + i)));
+        PyTuple_SET_ITEM(header, 1, Py_NewRef(values[i]));
+        PyList_SET_ITEM(headers, i, header);
+    }
+    return headers;
+}
+
+/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
+static PyObject *
+plain_record(PyObject *const *args)
+{
+    PlainRow plain;
+    int found = plain_columns(args[0], args[1], args[2], args[3], &plain);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *event_id = utf8_text(plain.raw_id);
+    if (event_id == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *headers = first_headers(args[1], &plain, 0);
     if (headers == NULL) {
         Py_DECREF(event_id);
         return NULL;
-    }
-    PyObject *values[3] = {raw_id, event_type, aggregate_type};
-    for (int i = 0; i < 3; i++) {
-        PyObject *header = PyTuple_Pack(2, PyTuple_GET_ITEM(spec, 6 + i), values[i]);
-        if (header == NULL) {
-            Py_DECREF(headers);
-            Py_DECREF(event_id);
-            return NULL;
-        }
-        PyList_SET_ITEM(headers, i, header);
     }
     PyObject *record = PyTuple_New(6);
     if (record == NULL) {
@@ -431,9 +464,9 @@ plain_record(PyObject *const *args)
         Py_DECREF(event_id);
         return NULL;
     }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(topic));
-    PyTuple_SET_ITEM(record, 1, Py_NewRef(aggregate_id));
-    PyTuple_SET_ITEM(record, 2, Py_NewRef(payload));
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(plain.topic));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(plain.aggregate_id));
+    PyTuple_SET_ITEM(record, 2, Py_NewRef(plain.payload));
     PyTuple_SET_ITEM(record, 3, headers);
     PyTuple_SET_ITEM(record, 4, event_id);
     PyTuple_SET_ITEM(record, 5, Py_NewRef(Py_None));
@@ -900,6 +933,8 @@ typedef struct {
     PyObject *position_header;  /* str */
     PyObject *any_partition;
     PyObject *no_timestamp;
+    unsigned long relation;     /* the last Insert's relation id, and that id as an int */
+    PyObject *relation_id;
 } Publisher;
 
 /* *value = the int in slot `at` of obj when it is an exact int in [0, PY_SSIZE_T_MAX - 1), else
@@ -939,16 +974,16 @@ event_position(PyObject *prefix, Py_ssize_t ordinal)
     return position;
 }
 
-/* A new tuple of two or four items (new references taken here). */
+/* A new tuple of the four items (new references taken here). */
 static PyObject *
-pack(Py_ssize_t count, PyObject *a, PyObject *b, PyObject *c, PyObject *d)
+pack4(PyObject *a, PyObject *b, PyObject *c, PyObject *d)
 {
-    PyObject *items = PyTuple_New(count);
+    PyObject *items = PyTuple_New(4);
     if (items == NULL) {
         return NULL;
     }
     PyObject *all[4] = {a, b, c, d};
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (Py_ssize_t i = 0; i < 4; i++) {
         PyTuple_SET_ITEM(items, i, Py_NewRef(all[i]));
     }
     return items;
@@ -977,36 +1012,50 @@ publish_row(Publisher *self, PyObject *state, PyObject *row, PyObject *txn)
         || !PyBytes_CheckExact(prefix)) {
         Py_RETURN_FALSE;
     }
-    PyObject *inner[4] = {row, spec, topics, last};
-    PyObject *record = plain_record(inner); /* runs no Python code */
-    if (record == NULL) {
-        return NULL;
+    PlainRow plain;
+    int found = plain_columns(row, spec, topics, last, &plain);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(Py_False);
     }
-    if (record == Py_None) {
-        Py_DECREF(record);
-        Py_RETURN_FALSE;
+    /* record_fields' check of the id, without keeping its text (only a failure needs it) */
+    const unsigned char *id = (const unsigned char *)PyBytes_AS_STRING(plain.raw_id);
+    Py_ssize_t id_size = PyBytes_GET_SIZE(plain.raw_id), ascii = 0;
+    while (ascii < id_size && id[ascii] < 0x80) {
+        ascii++;
     }
-    PyObject *topic = PyTuple_GET_ITEM(record, 0), *key = PyTuple_GET_ITEM(record, 1);
-    PyObject *value = PyTuple_GET_ITEM(record, 2), *headers = PyTuple_GET_ITEM(record, 3);
-    int known = PySet_Contains(self->known_topics, topic);
-    if (known <= 0) {
-        Py_DECREF(record);
-        if (known < 0) {
-            return NULL;
+    if (ascii < id_size) {
+        PyObject *text = utf8_text(plain.raw_id);
+        if (text == NULL) {
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
         }
-        Py_RETURN_FALSE;
+        Py_DECREF(text);
     }
+    int known = PySet_Contains(self->known_topics, plain.topic);
+    if (known <= 0) {
+        return known < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    /* Everything checked: from here on it publishes. */
+    PyObject *topic = Py_NewRef(plain.topic); /* `last` could change while Python code runs */
+    PyObject *key = plain.aggregate_id, *value = plain.payload; /* the caller holds the row */
+    PyObject *bound = NULL, *on_delivery = NULL, *result = NULL;
+    PyObject *headers = first_headers(spec, &plain, 1);
     PyObject *ordinal = PyLong_FromSsize_t(events + 1);
     PyObject *position = event_position(prefix, events + 1);
-    PyObject *header = position == NULL ? NULL
-                                        : pack(2, self->position_header, position, NULL, NULL);
-    Py_XDECREF(position);
-    PyObject *bound = NULL, *on_delivery = NULL, *result = NULL;
-    if (ordinal == NULL || header == NULL || PyList_Append(headers, header) < 0) {
+    if (headers == NULL || ordinal == NULL || position == NULL) {
         Py_XDECREF(ordinal);
+        Py_XDECREF(position);
         goto done;
     }
-    bound = pack(4, txn, table, topic, headers);
+    PyObject *header = PyTuple_New(2);
+    if (header == NULL) {
+        Py_DECREF(ordinal);
+        Py_DECREF(position);
+        goto done;
+    }
+    PyTuple_SET_ITEM(header, 0, Py_NewRef(self->position_header));
+    PyTuple_SET_ITEM(header, 1, position);
+    PyList_SET_ITEM(headers, 3, header);
+    bound = pack4(txn, table, topic, headers);
     if (bound == NULL || (on_delivery = PyMethod_New(self->callback, bound)) == NULL) {
         Py_DECREF(ordinal);
         goto done;
@@ -1030,9 +1079,18 @@ publish_row(Publisher *self, PyObject *state, PyObject *row, PyObject *txn)
         }
         Py_XDECREF(type);
         Py_XDECREF(traceback);
-        PyObject *failed_args[9] = {error, txn, table, topic, key, value, headers,
-                                    PyTuple_GET_ITEM(record, 4), on_delivery};
+        PyObject *event_id = utf8_text(plain.raw_id); /* UTF-8: checked above */
+        if (event_id == NULL) {
+            Py_DECREF(error);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_SystemError, "Publisher: the event id changed");
+            }
+            goto done;
+        }
+        PyObject *failed_args[9] = {error, txn, table, topic, key, value, headers, event_id,
+                                    on_delivery};
         PyObject *handled = PyObject_Vectorcall(self->produce_failed, failed_args, 9, NULL);
+        Py_DECREF(event_id);
         Py_DECREF(error);
         if (handled != NULL) {
             Py_DECREF(handled);
@@ -1059,10 +1117,10 @@ publish_row(Publisher *self, PyObject *state, PyObject *row, PyObject *txn)
     result = Py_NewRef(Py_True);
 
 done:
-    Py_XDECREF(header);
+    Py_DECREF(topic);
+    Py_XDECREF(headers);
     Py_XDECREF(bound);
     Py_XDECREF(on_delivery);
-    Py_DECREF(record);
     return result;
 }
 
@@ -1084,12 +1142,17 @@ insert_row(Publisher *self, PyObject *frame, PyObject **state)
     if (offset < 0 || size - offset < 6 || data[offset] != 'I' || data[offset + 5] != 'N') {
         goto done;
     }
-    PyObject *relation_id = PyLong_FromUnsignedLong(be32(data + offset + 1));
-    if (relation_id == NULL) {
-        goto done;
+    unsigned long relation = be32(data + offset + 1);
+    if (self->relation_id == NULL || relation != self->relation) {
+        /* the last relation id's int, kept: consecutive inserts are mostly of one table */
+        PyObject *relation_id = PyLong_FromUnsignedLong(relation);
+        if (relation_id == NULL) {
+            goto done;
+        }
+        Py_XSETREF(self->relation_id, relation_id);
+        self->relation = relation;
     }
-    *state = PyDict_GetItemWithError(self->fast_states, relation_id);
-    Py_DECREF(relation_id);
+    *state = PyDict_GetItemWithError(self->fast_states, self->relation_id);
     if (*state == NULL) {
         goto done;
     }
@@ -1216,6 +1279,7 @@ publisher_clear(Publisher *self)
     Py_CLEAR(self->position_header);
     Py_CLEAR(self->any_partition);
     Py_CLEAR(self->no_timestamp);
+    Py_CLEAR(self->relation_id);
     return 0;
 }
 
