@@ -26,7 +26,7 @@ from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.errors import RelayError, StopSession
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
-from cdc_relay.reconcile import POSITION_HEADER
+from cdc_relay.reconcile import POSITION_HEADER, Reconciliation, parse_position
 from cdc_relay.relations import Relations
 from cdc_relay.replication.protocol import XLOG_DATA_PAYLOAD_OFFSET
 from cdc_relay.session import Session
@@ -126,7 +126,12 @@ def _c_path(counted: list[Counted], enabled: bool) -> Iterator[None]:
 
 
 def _run(
-    frames: list[bytes], *, fast: bool, refuse: str | None, full_at: set[int]
+    frames: list[bytes],
+    *,
+    fast: bool,
+    refuse: str | None,
+    full_at: set[int],
+    reconciliation: Reconciliation | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The frames through a session's loop: what it leaves behind, and how many frames the C path
     published."""
@@ -158,6 +163,7 @@ def _run(
             start=0,
             heartbeat=lambda: None,
             retained_wal=lambda: None,
+            reconciliation=reconciliation,
         )
         error: str | None = None
         try:
@@ -179,6 +185,7 @@ def _run(
         "failure": None if owner.failure is None else str(owner.failure),
         "error": error,
         "produce_calls": sink.calls,
+        "skipped_in_kafka": stats.skipped_in_kafka,
     }
     return outcome, sum(c.published for c in counted)
 
@@ -257,6 +264,30 @@ def test_ordinary_rows_are_published_by_the_c_path() -> None:
     assert positions[3].endswith(b"/1")
     assert positions[-1].endswith(b"/4100")
     assert c["published"] == 4103
+
+
+@needs_slots
+def test_past_the_events_found_in_kafka_the_c_path_publishes() -> None:
+    """While a restart's replayed window is looked up in Kafka the Python path publishes (it
+    skips what was found, and its first event past the window ends the lookups); from the next
+    Commit on, the C path."""
+    row = [b"00000000-0000-4000-8000-000000000001", b"order", b"o-1", b"created", b"{}", None, b"t"]
+    frames = _transactions([[_insert(RELATION_ID, row)] * 2] * 3)
+    first, _ = _run(frames, fast=False, refuse=None, full_at=set())
+    position = dict(first["records"][0][3])[POSITION_HEADER]
+    parsed = parse_position(dict(first["records"][1][3])[POSITION_HEADER])
+    assert parsed is not None
+    found = {position: row[0]}
+
+    def window() -> Reconciliation:
+        return Reconciliation(found=dict(found), highest_lsn=parsed[1])
+
+    python, _ = _run(frames, fast=False, refuse=None, full_at=set(), reconciliation=window())
+    c, published = _run(frames, fast=True, refuse=None, full_at=set(), reconciliation=window())
+    assert c == python
+    assert python["skipped_in_kafka"] == 1
+    assert len(python["records"]) == 5
+    assert published == 2  # the window's transaction and the next in Python, then C
 
 
 @needs_slots
