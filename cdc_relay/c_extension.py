@@ -5,8 +5,9 @@ blocked by ``CDC_RELAY_PURE_PYTHON=1`` or by a stale build in a checkout
 (:mod:`cdc_relay._hot_path`). It is imported here, once. Each entry point's pure-Python reference
 and fallback stays with the module that uses it, which chooses the fallback when the name here is
 None: ``read_tuple`` and ``read_message`` in :mod:`cdc_relay.decode.pgoutput`, ``record_fields``
-in :mod:`cdc_relay.outbox`, ``bind`` (:class:`types.MethodType`) in :mod:`cdc_relay.session`,
-``Deliveries`` (``DeliveryTracker``'s Python callback) in :mod:`cdc_relay.publisher`.
+in :mod:`cdc_relay.outbox`, ``bind`` (:class:`types.MethodType`) and ``Publisher``
+(``Session.publish`` of an ordinary row) in :mod:`cdc_relay.session`, ``Deliveries``
+(``DeliveryTracker``'s Python callback) in :mod:`cdc_relay.publisher`.
 They copy it into a module-level ``Final`` name, a C static in the compiled build, so this module
 runs once, at import, and is not compiled itself.
 """
@@ -31,5 +32,6 @@ try:
     record_fields = _optional(_tuple_reader.record_fields)
     bind = _optional(_tuple_reader.bind)
     Deliveries = _optional(_tuple_reader.Deliveries)
+    Publisher = _optional(_tuple_reader.Publisher)
 except ImportError:
-    read_tuple = read_message = record_fields = bind = Deliveries = None
+    read_tuple = read_message = record_fields = bind = Deliveries = Publisher = None

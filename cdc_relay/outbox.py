@@ -87,6 +87,9 @@ class OutboxMapping:
         self.map: Callable[[TupleData], OutboxRecord] = self._map
         # The session's: the same record as a plain tuple (set with ``map``, wherever it is set).
         self.map_fields: Callable[[TupleData], RecordFields] = self._record_fields
+        # Where map_fields is the C record_fields: its arguments and the table, for the C
+        # extension's Publisher (cdc_relay.session), which publishes an ordinary row in one call.
+        self.fast_state: tuple[object, ...] | None = None
         self._payload_type = 0
         self._resolve(relation, columns, positions)
 
@@ -139,6 +142,7 @@ class OutboxMapping:
                     partial(_fast_fields, self._fast_spec, self._topics, self._last_topic,
                             self._record_fields),
                 )  # fmt: skip
+                self.fast_state = (self._fast_spec, self._topics, self._last_topic, self.table)
 
     def _map_converted(self, row: TupleData) -> OutboxRecord:
         """:meth:`_map`, then a bytea payload decoded to its bytes or a text payload checked."""

@@ -29,6 +29,9 @@ class Relations:
         self.settings = settings
         self.tables = {table.schema_and_name: table for table in settings.tables()}
         self.mappings: dict[int, OutboxMapping] = {}
+        # Each mapping's fast_state where it has one, by relation id: the C extension's
+        # Publisher publishes those relations' ordinary rows (cdc_relay.session).
+        self.fast_states: dict[int, tuple[object, ...]] = {}
         # Tables with a row filter: off the hot path, each row tested first (None: the relation
         # lacks a filter column, so its rows cannot be told apart and are refused).
         self.filtered: dict[int, tuple[OutboxMapping, Callable[[TupleData], bool] | None]] = {}
@@ -39,6 +42,7 @@ class Relations:
     def on_relation(self, relation: Relation) -> None:
         table = self.tables.get((relation.namespace, relation.name))
         self.filtered.pop(relation.relation_id, None)
+        self.fast_states.pop(relation.relation_id, None)
         if table is None:
             self.mappings.pop(relation.relation_id, None)
             return
@@ -56,6 +60,8 @@ class Relations:
         condition = table.filter
         if condition is None:
             self.mappings[relation.relation_id] = mapping
+            if mapping.fast_state is not None:
+                self.fast_states[relation.relation_id] = mapping.fast_state
             return
         self.mappings.pop(relation.relation_id, None)
         positions = {column.name: i for i, column in enumerate(relation.columns)}

@@ -34,15 +34,17 @@ from types import MethodType
 from typing import Any, Final, Protocol
 
 from cdc_relay import c_extension
-from cdc_relay.config import Settings
+from cdc_relay.config import Plugin, Settings
 from cdc_relay.confirmation import Confirmer, PositionStore
 from cdc_relay.decode import decoder_for
 from cdc_relay.decode.messages import (
+    UNCHANGED_TOAST,
     Begin,
     Commit,
     DecodeError,
     Insert,
     LogicalMessage,
+    Message,
     Relation,
     StreamStart,
 )
@@ -85,6 +87,7 @@ from cdc_relay.replication.protocol import (
     KEEPALIVE_WAL_END,
     PRIMARY_KEEPALIVE,
     XLOG_DATA,
+    XLOG_DATA_PAYLOAD_OFFSET,
     XLOG_WAL_END,
     postgres_time_to_unix,
 )
@@ -101,6 +104,8 @@ log = logging.getLogger(__name__)
 # Final: a C static in the compiled build, where a plain global costs a dictionary lookup per event.
 _Binder = Callable[[TransactionCallback, BoundRecord], DeliveryCallback]
 _bind: Final[_Binder] = MethodType if c_extension.bind is None else c_extension.bind
+# publish of an ordinary row in one C call, where the extension is built (Session.fast_publisher).
+_PUBLISHER: Final = c_extension.Publisher
 
 READ_TIMEOUT = 0.05  # idle wake-up: serve delivery callbacks, confirm, send status
 # The wait while records are in flight: their acknowledgements are served only by polling the
@@ -244,7 +249,11 @@ class Session:
         observe_receive = stats.receive_latency.observe
         window = self.window
         delivered = self.tracker.on_delivery  # every event's delivery callback, bound per record
+        fast = self.fast_publisher(delivered)
+        # Looking up replayed events in Kafka: the C publish waits until the stream is past them.
+        fast_later = fast is None and self.in_kafka is not None and _PUBLISHER is not None
         txn: PendingTransaction | None = None
+        messages: tuple[Message, ...]
         counter = 0
         while True:
             if owner.stopping and (txn is None or self.stop.now()):
@@ -258,12 +267,15 @@ class Session:
                 continue
             kind = data[0]
             if kind == XLOG_DATA:
-                try:
-                    messages = decode(data)
-                except DecodeError as exc:
-                    raise ProtocolError(
-                        f"cannot decode a {self.settings.plugin} message: {exc}"
-                    ) from None
+                if fast is not None and fast(data, txn):
+                    messages = ()  # an Insert's ordinary row, decoded and published in C
+                else:
+                    try:
+                        messages = decode(data)
+                    except DecodeError as exc:
+                        raise ProtocolError(
+                            f"cannot decode a {self.settings.plugin} message: {exc}"
+                        ) from None
                 for message in messages:
                     if isinstance(message, Insert):
                         mapping = self.mappings.get(message.relation_id)
@@ -289,6 +301,9 @@ class Session:
                             window.commit()
                         stats.transactions += 1
                         txn = None
+                        if fast_later and self.in_kafka is None:
+                            fast = self.fast_publisher(delivered)
+                            fast_later = False
                         confirmer.received = max(confirmer.received, message.end_lsn)
                         wal_end = int.from_bytes(data[XLOG_WAL_END], "big")
                         stats.server_wal_end = max(stats.server_wal_end, wal_end)
@@ -350,6 +365,38 @@ class Session:
 
     # -- publishing --------------------------------------------------------------------------
 
+    def fast_publisher(
+        self, callback: TransactionCallback
+    ) -> Callable[[memoryview, PendingTransaction | None], bool] | None:
+        """An XLogData frame decoded and, when it is an Insert's ordinary row (a mapping with a
+        ``fast_state``, a known topic), published as :meth:`publish` does it, in one C call: the
+        C extension's ``Publisher`` (a produce that raised goes to :meth:`produce_failed`, as
+        from publish). It returns False, having changed nothing, for any other frame and any row
+        that :meth:`publish` must publish. None without the extension, with wal2json, while
+        replayed events are looked up in Kafka, and where PendingTransaction is compiled (mypyc:
+        no slots to read)."""
+        if (
+            _PUBLISHER is None
+            or self.in_kafka is not None
+            or self.settings.plugin is Plugin.WAL2JSON
+        ):
+            return None
+        try:
+            return _PUBLISHER(
+                getattr(self.decode, "__self__", None),  # the PgOutputDecoder of decode_xlog
+                XLOG_DATA_PAYLOAD_OFFSET,
+                PendingTransaction,
+                self.relations.fast_states,
+                self.known_topics,
+                self.produce,
+                self.produce_failed,
+                callback,
+                POSITION_HEADER,
+                UNCHANGED_TOAST,
+            )
+        except TypeError:  # no slots to read
+            return None
+
     def publish(
         self,
         mapping: OutboxMapping | MessageMapping,
@@ -401,29 +448,54 @@ class Session:
             )
         else:
             on_delivery = _bind(callback, (txn, mapping.table, topic, headers))
+        try:
+            self.produce(topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers)
+        except Exception as exc:  # a full queue, librdkafka's error, an argument it refused
+            table = mapping.table
+            self.produce_failed(exc, txn, table, topic, key, value, headers, event_id, on_delivery)
+            return
+        txn.produced()
+
+    def produce_failed(  # noqa: PLR0917 - called by position, from C too
+        self,
+        error: Exception,
+        txn: PendingTransaction,
+        table: str,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        event_id: str,
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """The record's produce raised ``error`` (in :meth:`publish`, or in the C extension's
+        ``Publisher``): a full queue waits for room, then produces it again; a refusal for good
+        dead-letters it; any other error ends the session."""
         while True:
-            try:
-                self.produce(
-                    topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
-                )
+            if isinstance(error, BufferError):
+                self.wait_for_room()
+                try:
+                    self.produce(
+                        topic, value, key, ANY_PARTITION, on_delivery, None, NO_TIMESTAMP, headers
+                    )
+                except Exception as exc:
+                    error = exc
+                    continue
                 txn.produced()
                 return
-            except BufferError:
-                self.wait_for_room()
-            except Exception as exc:  # librdkafka's error, or an argument it refused
-                refused = refusal(exc)
-                if not refused.permanent:
-                    if outcome(refused.code) is Outcome.FENCED:  # only a transactional producer
-                        raise LeadershipLost(f"fenced: {refused.reason}") from None
-                    raise SinkUnavailable(f"producing failed: {refused.reason}") from None
-                self.poison.refuse(
-                    RefusedRecord(
-                        txn=txn, table=mapping.table, reason=refused.reason, code=refused.name,
-                        event_id=event_id, topic=topic, key=key, value=value, headers=headers,
-                        too_large=refused.too_large,
-                    )
-                )  # fmt: skip
-                return
+            refused = refusal(error)
+            if not refused.permanent:
+                if outcome(refused.code) is Outcome.FENCED:  # only a transactional producer
+                    raise LeadershipLost(f"fenced: {refused.reason}") from None
+                raise SinkUnavailable(f"producing failed: {refused.reason}") from None
+            self.poison.refuse(
+                RefusedRecord(
+                    txn=txn, table=table, reason=refused.reason, code=refused.name,
+                    event_id=event_id, topic=topic, key=key, value=value, headers=headers,
+                    too_large=refused.too_large,
+                )
+            )  # fmt: skip
+            return
 
     def refuse_unmapped(
         self,

@@ -59,6 +59,27 @@
  *   with mypyc), msg's methods through the ones cached for its type when it is a C type without
  *   instance dictionaries (confluent-kafka's Message). Anything else, failures included, is
  *   reference(record, err, msg).
+ *
+ * Publisher(decoder, offset: int, txn_type: type, fast_states: dict, known_topics: set,
+ *           produce: callable, produce_failed: callable, callback: callable,
+ *           position_header: str, unchanged: object)
+ *   Called as (frame, txn) -> bool: decoding an XLogData frame and Session.publish (both in
+ *   Python the reference: PgOutputDecoder.decode_xlog in cdc_relay.decode.pgoutput, the loop
+ *   of cdc_relay.session) of an Insert's ordinary row, in one call. When decoder (the session's
+ *   PgOutputDecoder) is not in a stream block (its slot _in_stream is False), frame[offset:] is
+ *   an Insert as read_message reads it, whose relation id has a state in fast_states - the
+ *   mapping's (spec, topics, last, table): record_fields' first three arguments and the
+ *   table's name -, txn is of exactly txn_type (cdc_relay.watermark.PendingTransaction) with
+ *   its events and _pending plain non-negative ints and its position bytes, the row maps as
+ *   record_fields maps it (no reference called) and its topic is in known_topics, it does what
+ *   publish does, step by step: txn.events += 1; the position header (position_header,
+ *   txn.position + b"%d" % txn.events) appended to the record's headers; produce(topic, value,
+ *   key, -1, callback bound to (txn, table, topic, headers), None, 0, headers); then what
+ *   txn.produced() does (txn._pending += 1), or, when produce raised an Exception (a full
+ *   queue, a refusal), publish's handler: produce_failed(exception, txn, table, topic, key,
+ *   value, headers, event_id, on_delivery). True then. False for anything else, with nothing
+ *   changed but record_fields' cache: the caller decodes and publishes the frame in Python.
+ *   Slots found as Deliveries finds them (TypeError without).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -321,88 +342,121 @@ same_bytes(PyObject *known, PyObject *value)
            && memcmp(PyBytes_AS_STRING(known), PyBytes_AS_STRING(value), (size_t)size) == 0;
 }
 
-/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
-static PyObject *
-plain_record(PyObject *const *args)
+/* An ordinary row's columns and topic, borrowed (the topic from `last`). */
+typedef struct {
+    PyObject *raw_id, *aggregate_type, *aggregate_id, *event_type, *payload, *topic;
+} PlainRow;
+
+/* The columns of an ordinary row, as record_fields takes them (the id's UTF-8 aside), and its
+ * cached topic: 1; 0 for any other row; -1 with an exception. The types of spec, topics and
+ * last are checked by the caller. Runs no Python code. */
+static int
+plain_columns(PyObject *row, PyObject *spec, PyObject *topics, PyObject *last, PlainRow *plain)
 {
-    PyObject *row = args[0];
     if (!PyTuple_CheckExact(row)) {
-        Py_RETURN_NONE;
+        return 0;
     }
-    PyObject *spec = args[1];
     Py_ssize_t size = PyTuple_GET_SIZE(row);
     PyObject *columns[5];
     for (int i = 0; i < 5; i++) {
         Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, i));
         if (index == -1 && PyErr_Occurred()) {
-            return NULL;
+            return -1;
         }
         if (index < 0 || index >= size || !PyBytes_CheckExact(PyTuple_GET_ITEM(row, index))) {
-            Py_RETURN_NONE;
+            return 0;
         }
         columns[i] = PyTuple_GET_ITEM(row, index);
     }
-    PyObject *raw_id = columns[0], *aggregate_type = columns[1], *aggregate_id = columns[2];
-    PyObject *event_type = columns[3], *payload = columns[4];
+    PyObject *aggregate_type = columns[1], *event_type = columns[3];
     Py_ssize_t headers_index = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
     if (headers_index == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     if (headers_index >= 0
         && (headers_index >= size || PyBytes_CheckExact(PyTuple_GET_ITEM(row, headers_index)))) {
-        Py_RETURN_NONE; /* entries to parse, or a row shorter than its relation */
+        return 0; /* entries to parse, or a row shorter than its relation */
     }
-    PyObject *last = args[3];
-    PyObject *topic; /* borrowed */
-    if (same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
-        && same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
-        topic = PyList_GET_ITEM(last, 2);
-    }
-    else {
+    if (!same_bytes(PyList_GET_ITEM(last, 0), aggregate_type)
+        || !same_bytes(PyList_GET_ITEM(last, 1), event_type)) {
         PyObject *key = PyTuple_Pack(2, aggregate_type, event_type);
         if (key == NULL) {
-            return NULL;
+            return -1;
         }
-        topic = PyDict_GetItemWithError(args[2], key);
+        PyObject *topic = PyDict_GetItemWithError(topics, key);
         Py_DECREF(key);
         if (topic == NULL) {
-            if (PyErr_Occurred()) {
-                return NULL;
-            }
-            Py_RETURN_NONE; /* not cached yet: the reference makes it */
+            return PyErr_Occurred() ? -1 : 0; /* not cached yet: the reference makes it */
         }
         PyObject *entry[3] = {aggregate_type, event_type, topic};
         for (int i = 0; i < 3; i++) {
             /* PyList_SetItem steals the new reference and releases the old item */
             if (PyList_SetItem(last, i, Py_NewRef(entry[i])) < 0) {
-                return NULL;
+                return -1;
             }
         }
-        topic = PyList_GET_ITEM(last, 2);
     }
-    PyObject *event_id = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw_id), PyBytes_GET_SIZE(raw_id),
-                                              "strict");
-    if (event_id == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+    plain->raw_id = columns[0];
+    plain->aggregate_type = aggregate_type;
+    plain->aggregate_id = columns[2];
+    plain->event_type = event_type;
+    plain->payload = columns[4];
+    plain->topic = PyList_GET_ITEM(last, 2);
+    return 1;
+}
+
+/* The bytes object's text, strict UTF-8: a new str; NULL without an exception when it is not
+ * UTF-8. */
+static PyObject *
+utf8_text(PyObject *raw)
+{
+    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), "strict");
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+    }
+    return text;
+}
+
+/* The three headers every plain record starts with (the names spec's last three items), in a
+ * new list with room for `room` more items (set to NULL: the caller sets them). */
+static PyObject *
+first_headers(PyObject *spec, const PlainRow *plain, Py_ssize_t room)
+{
+    PyObject *headers = PyList_New(3 + room);
+    if (headers == NULL) {
         return NULL;
     }
-    PyObject *headers = PyList_New(3);
+    PyObject *values[3] = {plain->raw_id, plain->event_type, plain->aggregate_type};
+    for (int i = 0; i < 3; i++) {
+        PyObject *header = PyTuple_New(2);
+        if (header == NULL) {
+            Py_DECREF(headers); /* the items not yet set are NULL: list deallocation skips them */
+            return NULL;
+        }
+        PyTuple_SET_ITEM(header, 0, Py_NewRef(PyTuple_GET_ITEM(spec, 6 + i)));
+        PyTuple_SET_ITEM(header, 1, Py_NewRef(values[i]));
+        PyList_SET_ITEM(headers, i, header);
+    }
+    return headers;
+}
+
+/* record_fields' work: args are (row, spec, topics, last), their types checked by the caller. */
+static PyObject *
+plain_record(PyObject *const *args)
+{
+    PlainRow plain;
+    int found = plain_columns(args[0], args[1], args[2], args[3], &plain);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *event_id = utf8_text(plain.raw_id);
+    if (event_id == NULL) {
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *headers = first_headers(args[1], &plain, 0);
     if (headers == NULL) {
         Py_DECREF(event_id);
         return NULL;
-    }
-    PyObject *values[3] = {raw_id, event_type, aggregate_type};
-    for (int i = 0; i < 3; i++) {
-        PyObject *header = PyTuple_Pack(2, PyTuple_GET_ITEM(spec, 6 + i), values[i]);
-        if (header == NULL) {
-            Py_DECREF(headers);
-            Py_DECREF(event_id);
-            return NULL;
-        }
-        PyList_SET_ITEM(headers, i, header);
     }
     PyObject *record = PyTuple_New(6);
     if (record == NULL) {
@@ -410,9 +464,9 @@ plain_record(PyObject *const *args)
         Py_DECREF(event_id);
         return NULL;
     }
-    PyTuple_SET_ITEM(record, 0, Py_NewRef(topic));
-    PyTuple_SET_ITEM(record, 1, Py_NewRef(aggregate_id));
-    PyTuple_SET_ITEM(record, 2, Py_NewRef(payload));
+    PyTuple_SET_ITEM(record, 0, Py_NewRef(plain.topic));
+    PyTuple_SET_ITEM(record, 1, Py_NewRef(plain.aggregate_id));
+    PyTuple_SET_ITEM(record, 2, Py_NewRef(plain.payload));
     PyTuple_SET_ITEM(record, 3, headers);
     PyTuple_SET_ITEM(record, 4, event_id);
     PyTuple_SET_ITEM(record, 5, Py_NewRef(Py_None));
@@ -858,8 +912,417 @@ static PyType_Spec deliveries_spec = {
     .slots = deliveries_slots,
 };
 
+/* Publisher: see the top of the file. */
+enum { EVENTS, TXN_PENDING, POSITION, TXN_SLOTS };
+static const char *const txn_slot_names[TXN_SLOTS] = {"events", "_pending", "position"};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *txn_type;         /* the transactions' exact type, whose slots are read */
+    Py_ssize_t at[TXN_SLOTS];   /* where its instances hold each slot */
+    PyObject *decoder;          /* the PgOutputDecoder, whose slot says whether in a stream */
+    Py_ssize_t in_stream_at;
+    Py_ssize_t offset;          /* where a frame's pgoutput message starts */
+    PyObject *fast_states;      /* a dict: relation id -> (spec, topics, last, table) */
+    PyObject *unchanged;        /* what a column of kind 'u' reads as */
+    PyObject *known_topics;     /* a set */
+    PyObject *produce;
+    PyObject *produce_failed;   /* Session.produce_failed: a produce that raised an Exception */
+    PyObject *callback;
+    PyObject *position_header;  /* str */
+    PyObject *any_partition;
+    PyObject *no_timestamp;
+    unsigned long relation;     /* the last Insert's relation id, and that id as an int */
+    PyObject *relation_id;
+} Publisher;
+
+/* *value = the int in slot `at` of obj when it is an exact int in [0, PY_SSIZE_T_MAX - 1), else
+ * 0 (no exception set). 1 when found. */
+static int
+plain_count(PyObject *obj, Py_ssize_t at, Py_ssize_t *value)
+{
+    PyObject *count = *(PyObject **)((char *)obj + at);
+    if (count == NULL || !PyLong_CheckExact(count)) {
+        return 0;
+    }
+    int overflow;
+    long plain = PyLong_AsLongAndOverflow(count, &overflow);
+    if (overflow || plain < 0 || plain >= PY_SSIZE_T_MAX - 1) {
+        return 0;
+    }
+    *value = (Py_ssize_t)plain;
+    return 1;
+}
+
+/* txn.position + b"%d" % ordinal, prefix an exact bytes object, ordinal positive. */
+static PyObject *
+event_position(PyObject *prefix, Py_ssize_t ordinal)
+{
+    char digits[24];
+    int length = 0;
+    for (Py_ssize_t rest = ordinal; rest > 0; rest /= 10) {
+        digits[sizeof(digits) - 1 - length++] = (char)('0' + rest % 10);
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(prefix);
+    PyObject *position = PyBytes_FromStringAndSize(NULL, size + length);
+    if (position == NULL) {
+        return NULL;
+    }
+    memcpy(PyBytes_AS_STRING(position), PyBytes_AS_STRING(prefix), (size_t)size);
+    memcpy(PyBytes_AS_STRING(position) + size, digits + sizeof(digits) - length, (size_t)length);
+    return position;
+}
+
+/* A new tuple of the four items (new references taken here). */
+static PyObject *
+pack4(PyObject *a, PyObject *b, PyObject *c, PyObject *d)
+{
+    PyObject *items = PyTuple_New(4);
+    if (items == NULL) {
+        return NULL;
+    }
+    PyObject *all[4] = {a, b, c, d};
+    for (Py_ssize_t i = 0; i < 4; i++) {
+        PyTuple_SET_ITEM(items, i, Py_NewRef(all[i]));
+    }
+    return items;
+}
+
+/* Publish the row with its relation's fast state: Py_True once produced, Py_False (nothing
+ * changed) for anything the caller's Python must do, NULL with an exception. txn is of the
+ * exact type. */
+static PyObject *
+publish_row(Publisher *self, PyObject *state, PyObject *row, PyObject *txn)
+{
+    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 4) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *spec = PyTuple_GET_ITEM(state, 0), *topics = PyTuple_GET_ITEM(state, 1);
+    PyObject *last = PyTuple_GET_ITEM(state, 2), *table = PyTuple_GET_ITEM(state, 3);
+    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != SPEC_SIZE
+        || !PyDict_CheckExact(topics) || !PyList_CheckExact(last) || PyList_GET_SIZE(last) != 3
+        || !PyUnicode_CheckExact(table)) {
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t events, pending;
+    PyObject *prefix = *(PyObject **)((char *)txn + self->at[POSITION]);
+    if (!plain_count(txn, self->at[EVENTS], &events)
+        || !plain_count(txn, self->at[TXN_PENDING], &pending) || prefix == NULL
+        || !PyBytes_CheckExact(prefix)) {
+        Py_RETURN_FALSE;
+    }
+    PlainRow plain;
+    int found = plain_columns(row, spec, topics, last, &plain);
+    if (found <= 0) {
+        return found < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    /* record_fields' check of the id, without keeping its text (only a failure needs it) */
+    const unsigned char *id = (const unsigned char *)PyBytes_AS_STRING(plain.raw_id);
+    Py_ssize_t id_size = PyBytes_GET_SIZE(plain.raw_id), ascii = 0;
+    while (ascii < id_size && id[ascii] < 0x80) {
+        ascii++;
+    }
+    if (ascii < id_size) {
+        PyObject *text = utf8_text(plain.raw_id);
+        if (text == NULL) {
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+        }
+        Py_DECREF(text);
+    }
+    int known = PySet_Contains(self->known_topics, plain.topic);
+    if (known <= 0) {
+        return known < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    /* Everything checked: from here on it publishes. */
+    PyObject *topic = Py_NewRef(plain.topic); /* `last` could change while Python code runs */
+    PyObject *key = plain.aggregate_id, *value = plain.payload; /* the caller holds the row */
+    PyObject *bound = NULL, *on_delivery = NULL, *result = NULL;
+    PyObject *headers = first_headers(spec, &plain, 1);
+    PyObject *ordinal = PyLong_FromSsize_t(events + 1);
+    PyObject *position = event_position(prefix, events + 1);
+    if (headers == NULL || ordinal == NULL || position == NULL) {
+        Py_XDECREF(ordinal);
+        Py_XDECREF(position);
+        goto done;
+    }
+    PyObject *header = PyTuple_New(2);
+    if (header == NULL) {
+        Py_DECREF(ordinal);
+        Py_DECREF(position);
+        goto done;
+    }
+    PyTuple_SET_ITEM(header, 0, Py_NewRef(self->position_header));
+    PyTuple_SET_ITEM(header, 1, position);
+    PyList_SET_ITEM(headers, 3, header);
+    bound = pack4(txn, table, topic, headers);
+    if (bound == NULL || (on_delivery = PyMethod_New(self->callback, bound)) == NULL) {
+        Py_DECREF(ordinal);
+        goto done;
+    }
+    /* txn.events += 1 before producing, as publish does it */
+    replace_slot(txn, self->at[EVENTS], ordinal);
+    PyObject *args[8] = {topic, value, key, self->any_partition, on_delivery, Py_None,
+                         self->no_timestamp, headers};
+    PyObject *produced = PyObject_Vectorcall(self->produce, args, 8, NULL);
+    if (produced == NULL) {
+        /* a full queue, or librdkafka's refusal: publish's handler from here, as publish calls
+         * it (anything that is no Exception propagates, as from publish) */
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            goto done;
+        }
+        PyObject *type, *error, *traceback;
+        PyErr_Fetch(&type, &error, &traceback);
+        PyErr_NormalizeException(&type, &error, &traceback);
+        if (traceback != NULL) {
+            PyException_SetTraceback(error, traceback);
+        }
+        Py_XDECREF(type);
+        Py_XDECREF(traceback);
+        PyObject *event_id = utf8_text(plain.raw_id); /* UTF-8: checked above */
+        if (event_id == NULL) {
+            Py_DECREF(error);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_SystemError, "Publisher: the event id changed");
+            }
+            goto done;
+        }
+        PyObject *failed_args[9] = {error, txn, table, topic, key, value, headers, event_id,
+                                    on_delivery};
+        PyObject *handled = PyObject_Vectorcall(self->produce_failed, failed_args, 9, NULL);
+        Py_DECREF(event_id);
+        Py_DECREF(error);
+        if (handled != NULL) {
+            Py_DECREF(handled);
+            result = Py_NewRef(Py_True);
+        }
+        goto done;
+    }
+    Py_DECREF(produced);
+    /* txn.produced(): _pending += 1, on the slot while it holds a plain count */
+    if (plain_count(txn, self->at[TXN_PENDING], &pending)) {
+        PyObject *more = PyLong_FromSsize_t(pending + 1);
+        if (more == NULL) {
+            goto done;
+        }
+        replace_slot(txn, self->at[TXN_PENDING], more);
+    }
+    else {
+        PyObject *done = PyObject_CallMethod(txn, "produced", NULL);
+        if (done == NULL) {
+            goto done;
+        }
+        Py_DECREF(done);
+    }
+    result = Py_NewRef(Py_True);
+
+done:
+    Py_DECREF(topic);
+    Py_XDECREF(headers);
+    Py_XDECREF(bound);
+    Py_XDECREF(on_delivery);
+    return result;
+}
+
+/* The Insert at frame[offset:], when it is one of a relation with a fast state: its row (a new
+ * tuple) and *state (borrowed). NULL, no exception set, for anything else (another message, a
+ * malformed one: the decoder reads it and names what is wrong). */
+static PyObject *
+insert_row(Publisher *self, PyObject *frame, PyObject **state)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* not a frame: the decoder says so */
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t size = view.len, offset = self->offset;
+    PyObject *row = NULL;
+    /* 'I', Int32 relation id, 'N', TupleData: as read_message reads an Insert */
+    if (offset < 0 || size - offset < 6 || data[offset] != 'I' || data[offset + 5] != 'N') {
+        goto done;
+    }
+    unsigned long relation = be32(data + offset + 1);
+    if (self->relation_id == NULL || relation != self->relation) {
+        /* the last relation id's int, kept: consecutive inserts are mostly of one table */
+        PyObject *relation_id = PyLong_FromUnsignedLong(relation);
+        if (relation_id == NULL) {
+            goto done;
+        }
+        Py_XSETREF(self->relation_id, relation_id);
+        self->relation = relation;
+    }
+    *state = PyDict_GetItemWithError(self->fast_states, self->relation_id);
+    if (*state == NULL) {
+        goto done;
+    }
+    Py_ssize_t pos = offset + 6;
+    row = read_values(data, size, &pos, self->unchanged);
+
+done:
+    PyBuffer_Release(&view);
+    return row;
+}
+
+static PyObject *
+publisher_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Publisher *self = (Publisher *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Publisher(frame, txn) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *txn = args[1];
+    if ((PyObject *)Py_TYPE(txn) != self->txn_type
+        || *(PyObject **)((char *)self->decoder + self->in_stream_at) != Py_False) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *state = NULL;
+    PyObject *row = insert_row(self, args[0], &state);
+    if (row == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    PyObject *published = publish_row(self, state, row, txn);
+    Py_DECREF(row);
+    return published;
+}
+
+static PyObject *
+publisher_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *decoder, *txn_type, *fast_states, *known_topics, *produce, *produce_failed;
+    PyObject *callback, *position_header, *unchanged;
+    Py_ssize_t offset;
+    static char *keywords[] = {"decoder", "offset", "txn_type", "fast_states", "known_topics",
+                               "produce", "produce_failed", "callback", "position_header",
+                               "unchanged", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnO!OOOOOUO:Publisher", keywords, &decoder,
+                                     &offset, &PyType_Type, &txn_type, &fast_states,
+                                     &known_topics, &produce, &produce_failed, &callback,
+                                     &position_header, &unchanged)) {
+        return NULL;
+    }
+    if (offset < 0 || !PyDict_CheckExact(fast_states) || !PySet_CheckExact(known_topics)
+        || !PyCallable_Check(produce) || !PyCallable_Check(produce_failed)
+        || !PyCallable_Check(callback)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Publisher: offset must be >= 0, fast_states a dict, known_topics a set, "
+                        "produce, produce_failed and callback callable");
+        return NULL;
+    }
+    Py_ssize_t in_stream_at = slot_offset(Py_TYPE(decoder), "_in_stream");
+    if (in_stream_at < 0) {
+        PyErr_Format(PyExc_TypeError, "Publisher: %R has no slot _in_stream", Py_TYPE(decoder));
+        return NULL;
+    }
+    Py_ssize_t at[TXN_SLOTS];
+    for (int i = 0; i < TXN_SLOTS; i++) {
+        at[i] = slot_offset((PyTypeObject *)txn_type, txn_slot_names[i]);
+        if (at[i] < 0) {
+            PyErr_Format(PyExc_TypeError, "Publisher: %R has no slot %s", txn_type,
+                         txn_slot_names[i]);
+            return NULL;
+        }
+    }
+    Publisher *self = (Publisher *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->vectorcall = publisher_call;
+    self->txn_type = Py_NewRef(txn_type);
+    memcpy(self->at, at, sizeof(at));
+    self->decoder = Py_NewRef(decoder);
+    self->in_stream_at = in_stream_at;
+    self->offset = offset;
+    self->fast_states = Py_NewRef(fast_states);
+    self->unchanged = Py_NewRef(unchanged);
+    self->known_topics = Py_NewRef(known_topics);
+    self->produce = Py_NewRef(produce);
+    self->produce_failed = Py_NewRef(produce_failed);
+    self->callback = Py_NewRef(callback);
+    self->position_header = Py_NewRef(position_header);
+    self->any_partition = PyLong_FromLong(-1); /* small ints: never NULL */
+    self->no_timestamp = PyLong_FromLong(0);
+    return (PyObject *)self;
+}
+
+static int
+publisher_traverse(Publisher *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->txn_type);
+    Py_VISIT(self->decoder);
+    Py_VISIT(self->unchanged);
+    Py_VISIT(self->fast_states);
+    Py_VISIT(self->known_topics);
+    Py_VISIT(self->produce);
+    Py_VISIT(self->produce_failed);
+    Py_VISIT(self->callback);
+    Py_VISIT(self->position_header);
+    return 0;
+}
+
+static int
+publisher_clear(Publisher *self)
+{
+    Py_CLEAR(self->txn_type);
+    Py_CLEAR(self->decoder);
+    Py_CLEAR(self->unchanged);
+    Py_CLEAR(self->fast_states);
+    Py_CLEAR(self->known_topics);
+    Py_CLEAR(self->produce);
+    Py_CLEAR(self->produce_failed);
+    Py_CLEAR(self->callback);
+    Py_CLEAR(self->position_header);
+    Py_CLEAR(self->any_partition);
+    Py_CLEAR(self->no_timestamp);
+    Py_CLEAR(self->relation_id);
+    return 0;
+}
+
+static void
+publisher_dealloc(Publisher *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    publisher_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef publisher_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Publisher, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot publisher_slots[] = {
+    {Py_tp_doc, "Publisher(decoder, offset, txn_type, fast_states, known_topics, produce, "
+                "produce_failed, callback, position_header, unchanged): decodes and publishes "
+                "an Insert's "
+                "ordinary row, called as (frame, txn); False: do it in Python."},
+    {Py_tp_new, publisher_new},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_traverse, publisher_traverse},
+    {Py_tp_clear, publisher_clear},
+    {Py_tp_dealloc, publisher_dealloc},
+    {Py_tp_members, publisher_members},
+    {0, NULL},
+};
+
+static PyType_Spec publisher_spec = {
+    .name = "cdc_relay.decode._tuple_reader.Publisher",
+    .basicsize = sizeof(Publisher),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+             | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = publisher_slots,
+};
+
 typedef struct {
     PyObject *deliveries_type;
+    PyObject *publisher_type;
 } ModuleState;
 
 static int
@@ -870,7 +1333,14 @@ module_exec(PyObject *module)
     if (state->deliveries_type == NULL) {
         return -1;
     }
-    return PyModule_AddObjectRef(module, "Deliveries", state->deliveries_type);
+    if (PyModule_AddObjectRef(module, "Deliveries", state->deliveries_type) < 0) {
+        return -1;
+    }
+    state->publisher_type = PyType_FromModuleAndSpec(module, &publisher_spec, NULL);
+    if (state->publisher_type == NULL) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(module, "Publisher", state->publisher_type);
 }
 
 static int
@@ -879,6 +1349,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     ModuleState *state = (ModuleState *)PyModule_GetState(module);
     if (state != NULL) {
         Py_VISIT(state->deliveries_type);
+        Py_VISIT(state->publisher_type);
     }
     return 0;
 }
@@ -889,6 +1360,7 @@ module_clear(PyObject *module)
     ModuleState *state = (ModuleState *)PyModule_GetState(module);
     if (state != NULL) {
         Py_CLEAR(state->deliveries_type);
+        Py_CLEAR(state->publisher_type);
     }
     return 0;
 }

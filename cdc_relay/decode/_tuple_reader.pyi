@@ -52,3 +52,24 @@ def record_fields(
 ) -> _Record | None:
     """The plain outbox mapping of an ordinary row (``OutboxMapping._record_fields`` is the
     reference); for any other row ``reference(row)``, or None without one."""
+
+class Publisher:
+    """An XLogData frame decoded and, when it is an Insert's ordinary row, published as
+    ``Session.publish`` does it, in one call, as ``(frame, txn)``: True once produced; False,
+    with nothing changed, for anything the session must decode and publish in Python.
+    ``fast_states`` is ``Relations.fast_states``: relation id -> the mapping's ``fast_state``."""
+
+    def __init__(
+        self,
+        decoder: object,
+        offset: int,
+        txn_type: type,
+        fast_states: dict[int, tuple[object, ...]],
+        known_topics: set[str],
+        produce: Callable[..., None],
+        produce_failed: Callable[..., None],
+        callback: Callable[[Any, Any, Any], None],
+        position_header: str,
+        unchanged: UnchangedToast,
+    ) -> None: ...
+    def __call__(self, frame: memoryview, txn: object, /) -> bool: ...
