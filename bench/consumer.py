@@ -18,7 +18,10 @@ expected count arrives on stdin, then reads everything: the test broker (Tansu's
 lists every batch a partition holds on each fetch that finds new records, so a consumer fetching
 beside the producer makes the broker's cost, and its acknowledgements' round trip, grow with the
 window. Read after the window, an event's receive time says nothing about its latency:
-``latencies_ms`` stays empty; every event is still counted once.
+``latencies_ms`` stays empty; every event is still counted once. Its fetches then wait up to
+:data:`READ_AFTER_FETCH_WAIT_MS`: the test broker fills a fetch for about as long as the fetch may
+wait, so with 5 ms it returned ~2 batches a fetch, each fetch listing everything held (35-50k of
+300k events in 40-60 s), with 500 ms ~5 MB (300k events in ~2.2 s, 6 fetches).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from typing import Any
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+LIVE_FETCH_WAIT_MS = 5
+READ_AFTER_FETCH_WAIT_MS = 500
 
 
 def _say(line: str) -> None:
@@ -65,7 +71,7 @@ def consume(
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-consumer-{os.getpid()}",  # required, unused with assign()
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 5,
+            "fetch.wait.max.ms": READ_AFTER_FETCH_WAIT_MS if read_after else LIVE_FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
             "fetch.error.backoff.ms": 5,
             "log_level": 3,

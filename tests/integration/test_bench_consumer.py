@@ -80,3 +80,44 @@ def test_a_consumer_reading_after_the_window_reads_every_event_once_and_only_the
     else:
         assert result["first_read_at"] < window_over
         assert len(result["latencies_ms"]) == 30
+
+
+def test_a_consumer_reading_after_the_window_reads_a_long_window_in_seconds() -> None:
+    # ~27,000 batches of 11 events, as the relay's ~450 batches a second leave after a 60 s
+    # window at 5,000 events/s: the test broker lists all of a partition's batches on every fetch.
+    events = 300_000
+    with LocalBroker() as broker:
+        broker.create_topic(TOPIC, partitions=TOPIC_PARTITIONS)
+        consumer = ConsumerChild(broker.bootstrap_servers, warmup=1, read_after=True)
+        try:
+            consumer.wait_for("ready", 30)
+            producer = Producer(
+                {
+                    "bootstrap.servers": broker.bootstrap_servers,
+                    "linger.ms": 0,
+                    "batch.num.messages": 11,
+                    "compression.type": "lz4",
+                    "enable.idempotence": True,
+                }
+            )
+            producer.produce(TOPIC, orjson.dumps({"seq": -1, "ts": 0.0}), partition=0)
+            assert producer.flush(10) == 0
+            consumer.wait_for("warm", 30)
+            pad = "x" * 200
+            for seq in range(events):
+                value = orjson.dumps({"seq": seq, "ts": 0.0, "pad": pad})
+                while True:
+                    try:
+                        producer.produce(TOPIC, value, partition=seq % TOPIC_PARTITIONS)
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+            assert producer.flush(60) == 0
+            started = time.monotonic()
+            result = consumer.result(events, timeout=30.0)
+            took = time.monotonic() - started
+        finally:
+            consumer.close()
+    assert result["timed_out"] is False, result["received"]
+    assert (result["received"], result["duplicates"]) == (events, 0)
+    assert took < 15, took
