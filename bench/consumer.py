@@ -20,8 +20,9 @@ beside the producer makes the broker's cost, and its acknowledgements' round tri
 window. Read after the window, an event's receive time says nothing about its latency:
 ``latencies_ms`` stays empty; every event is still counted once. Its fetches then wait up to
 :data:`READ_AFTER_FETCH_WAIT_MS`: the test broker fills a fetch for about as long as the fetch may
-wait, so with 5 ms it returned ~2 batches a fetch, each fetch listing everything held (35-50k of
-300k events in 40-60 s), with 500 ms ~5 MB (300k events in ~2.2 s, 6 fetches).
+wait, so 60 s of events at 5,000 a second (~27,000 batches) take ~2-3 s in ~6 fetches of ~5 MB;
+with 5 ms a fetch returns ~2 batches, each fetch listing everything held (35-50k of the 300k
+events in 40-60 s).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ immediately after. The relay's own ``cdc_relay_event_latency_seconds`` histogram
 timestamp to acknowledgement, bucketed) is scraped from /metrics before and after the measured
 window: the latency measured. A consumer process (``bench.consumer``) reads all partitions and
 counts that every event arrived exactly once. It reads after the window: the test broker's fetch
-cost grows with everything a partition holds, and a consumer fetching during the window made the
-broker's acknowledgements slower as the window went on (README, Performance). Where the consumer
+cost grows with everything a partition holds, and a consumer fetching during the window makes the
+broker's acknowledgements slower as the window goes on (README, Performance). Where the consumer
 is what is measured (exactly once: when a ``read_committed`` consumer sees an event) it reads
 during the window and records ``receive time - ts``: insert to a consumer holding the record.
 """
