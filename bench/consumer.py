@@ -1,6 +1,6 @@
 """The steady-state benchmark's Kafka consumer, in its own process (its own GIL and clock reads).
 
-    python -m bench.consumer BOOTSTRAP TOPIC PARTITIONS WARMUP OUT
+    python -m bench.consumer BOOTSTRAP TOPIC PARTITIONS WARMUP OUT [--read-after]
 
 Reads every partition of TOPIC from the beginning (``assign()``, no group protocol, short fetch
 waits) and, for each event, computes ``receive time - payload["ts"]``: the writer put
@@ -10,7 +10,19 @@ events arrived. On stdin: a line with the number of measured events to expect; t
 when it has them all (or after ``--idle-timeout`` seconds without a new one, or on SIGTERM: the
 parent's deadline) and writes OUT as JSON: ``latencies_ms`` (in arrival order), with each
 event's ``seqs`` and ``inserted`` (its ``ts``, for the bench's timeline), ``received``,
-``duplicates``, ``messages``.
+``duplicates``, ``messages``, ``first_read_at`` (when the first measured event arrived, Unix
+time).
+
+With ``--read-after`` the consumer pauses its partitions once warm and sends no fetch until the
+expected count arrives on stdin, then reads everything: the test broker (Tansu's memory engine)
+lists every batch a partition holds on each fetch that finds new records, so a consumer fetching
+beside the producer makes the broker's cost, and its acknowledgements' round trip, grow with the
+window. Read after the window, an event's receive time says nothing about its latency:
+``latencies_ms`` stays empty; every event is still counted once. Its fetches then wait up to
+:data:`READ_AFTER_FETCH_WAIT_MS`: the test broker fills a fetch for about as long as the fetch may
+wait, so 60 s of events at 5,000 a second (~27,000 batches) take ~2-3 s in ~6 fetches of ~5 MB;
+with 5 ms a fetch returns ~2 batches, each fetch listing everything held (35-50k of the 300k
+events in 40-60 s).
 """
 
 from __future__ import annotations
@@ -28,6 +40,9 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+LIVE_FETCH_WAIT_MS = 5
+READ_AFTER_FETCH_WAIT_MS = 500
+
 
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
@@ -44,14 +59,20 @@ def _expected_from_stdin() -> int | None:
 
 
 def consume(
-    bootstrap: str, topic: str, partitions: int, warmup: int, idle_timeout: float
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    warmup: int,
+    idle_timeout: float,
+    *,
+    read_after: bool = False,
 ) -> dict[str, Any]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-consumer-{os.getpid()}",  # required, unused with assign()
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 5,
+            "fetch.wait.max.ms": READ_AFTER_FETCH_WAIT_MS if read_after else LIVE_FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
             "fetch.error.backoff.ms": 5,
             "log_level": 3,
@@ -64,7 +85,8 @@ def consume(
         stop = True  # what was read so far is written out, not lost
 
     signal.signal(signal.SIGTERM, on_term)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    assigned = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+    consumer.assign(assigned)
     consumer.consume(num_messages=1, timeout=0.2)  # first fetch under way
     _say("ready")
     latencies: list[float] = []
@@ -74,6 +96,8 @@ def consume(
     warm: set[int] = set()
     duplicates = messages = 0
     expected: int | None = None
+    first_read_at: float | None = None
+    paused = False
     last_new = time.monotonic()
     try:
         while not stop:
@@ -93,6 +117,9 @@ def consume(
                     if seq not in warm:
                         warm.add(seq)
                         if len(warm) == warmup:
+                            if read_after:
+                                consumer.pause(assigned)
+                                paused = True
                             _say("warm")
                     continue
                 if seq in seen:
@@ -100,7 +127,10 @@ def consume(
                     continue
                 seen.add(seq)
                 ts = float(event["ts"])
-                latencies.append((received_at - ts) * 1000.0)
+                if first_read_at is None:
+                    first_read_at = received_at
+                if not read_after:
+                    latencies.append((received_at - ts) * 1000.0)
                 seqs.append(seq)
                 inserted.append(ts)
                 last_new = time.monotonic()
@@ -108,6 +138,10 @@ def consume(
                 expected = _expected_from_stdin()
                 if expected is not None:
                     last_new = max(last_new, time.monotonic())
+                    if paused:
+                        # Fetching resumes at the position consumed so far: nothing skipped.
+                        consumer.resume(assigned)
+                        paused = False
             if expected is not None:
                 if expected < 0 or len(seen) >= expected:
                     break
@@ -122,6 +156,7 @@ def consume(
         "received": len(seen),
         "duplicates": duplicates,
         "messages": messages,
+        "first_read_at": first_read_at,
     }
 
 
@@ -133,8 +168,16 @@ def main() -> None:
     parser.add_argument("warmup", type=int)
     parser.add_argument("out", type=Path)
     parser.add_argument("--idle-timeout", type=float, default=30.0)
+    parser.add_argument("--read-after", action="store_true")
     args = parser.parse_args()
-    result = consume(args.bootstrap, args.topic, args.partitions, args.warmup, args.idle_timeout)
+    result = consume(
+        args.bootstrap,
+        args.topic,
+        args.partitions,
+        args.warmup,
+        args.idle_timeout,
+        read_after=args.read_after,
+    )
     args.out.write_text(json.dumps(result))
 
 

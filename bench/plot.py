@@ -35,17 +35,16 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
     for index, (key, data) in enumerate(steady.items()):
-        points = data["latency_ms"]["cdf"]
-        values = [max(v, 0.01) for _, v in points]
-        fractions = [q for q, _ in points]
         color = colors[index % len(colors)]
-        left.plot(
-            values,
-            fractions,
-            color=color,
-            label=f"{title(key, data)}: insert→consumer p50 {data['latency_ms']['p50']:.1f}, "
-            f"p99 {data['latency_ms']['p99']:.1f} ms",
-        )
+        consumer = data["latency_ms"]  # None: the consumer read after the window
+        if consumer is not None:
+            left.plot(
+                [max(v, 0.01) for _, v in consumer["cdf"]],
+                [q for q, _ in consumer["cdf"]],
+                color=color,
+                label=f"{title(key, data)}: insert→consumer p50 {consumer['p50']:.1f}, "
+                f"p99 {consumer['p99']:.1f} ms",
+            )
         relay = data.get("relay_histogram", {}).get("cdf")
         if relay:  # the relay's histogram: exact at its bucket bounds only
             left.plot(

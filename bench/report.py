@@ -175,13 +175,17 @@ def table(scenarios: dict[str, dict[str, Any]], targets: list[Target]) -> str:
                 (name, "writer rate achieved, ev/s", _num(writer["achieved_rate"]),
                  "", "", "", f"max lag {writer['max_lag_ms']:g} ms")
             )  # fmt: skip
-            rows.append(
-                ("", "insert→consumer p50 / p95, ms", f"{_num(latency['p50'])} / "
-                 f"{_num(latency['p95'])}", "", "", "", "")
-            )  # fmt: skip
-            rows.append(("", "insert→consumer p99, ms", _num(latency["p99"]), "", "",
-                         *verdict(key, "latency_p99_ms", otherwise="info")))  # fmt: skip
-            rows.append(("", "insert→consumer max, ms", _num(latency["max"]), "", "", "", ""))
+            if latency is None:
+                rows.append(("", "insert→consumer", "-", "", "", "",
+                             "consumer read after the window"))  # fmt: skip
+            else:
+                rows.append(
+                    ("", "insert→consumer p50 / p95, ms", f"{_num(latency['p50'])} / "
+                     f"{_num(latency['p95'])}", "", "", "", "")
+                )  # fmt: skip
+                rows.append(("", "insert→consumer p99, ms", _num(latency["p99"]), "", "",
+                             *verdict(key, "latency_p99_ms", otherwise="info")))  # fmt: skip
+                rows.append(("", "insert→consumer max, ms", _num(latency["max"]), "", "", "", ""))
             rows.append(
                 ("", f"relay commit→Kafka ack p50 / p95, ms (n={hist['count']:,})",
                  f"{_num(hist['p50_ms'])} / {_num(hist.get('p95_ms'))}", "", "", "", "bucketed")

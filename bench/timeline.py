@@ -5,7 +5,8 @@ three clocks on one axis (seconds since the writers' schedule began, ``t0``):
 
 - per second of the schedule (event ``i`` is due at ``t0 + i / rate``), from the consumer's
   records: the events due in that second, the writers' worst lag behind schedule (the payload's
-  ``ts``, read by PostgreSQL at insert, minus the due time) and insert -> consumer percentiles;
+  ``ts``, read by PostgreSQL at insert, minus the due time) and, when the consumer read during
+  the window, insert -> consumer percentiles;
 - per scrape interval, the relay's own commit -> acknowledgement histogram (``/metrics`` read by
   a sampler thread every :data:`SCRAPE_INTERVAL`): events acknowledged and the share within the
   target;
@@ -225,16 +226,19 @@ def database_activity(conn: psycopg.Connection[Any], table: str = "outbox") -> d
 def per_second(
     seqs: Sequence[int],
     inserted: Sequence[float],
-    latencies_ms: Sequence[float],
+    latencies_ms: Sequence[float] | None,
     *,
     t0: float,
     rate: float,
     target_ms: float,
 ) -> list[dict[str, Any]]:
     """Per second of the writers' schedule: events due, the writers' worst lag behind schedule,
-    insert -> consumer p50 / p99 / max and share within ``target_ms``."""
+    and, unless ``latencies_ms`` is None (the consumer read after the window), insert ->
+    consumer p50 / p99 / max and share within ``target_ms``."""
     bins: dict[int, tuple[list[float], list[float]]] = {}
-    for seq, ts, latency in zip(seqs, inserted, latencies_ms, strict=True):
+    measured = latencies_ms is not None
+    latencies = latencies_ms if latencies_ms is not None else [0.0] * len(seqs)
+    for seq, ts, latency in zip(seqs, inserted, latencies, strict=True):
         due = seq / rate
         lags, lats = bins.setdefault(int(due), ([], []))
         lags.append(max(ts - (t0 + due), 0.0) * 1000)
@@ -242,20 +246,20 @@ def per_second(
     rows = []
     for second in sorted(bins):
         lags, lats = bins[second]
-        lats.sort()
-        rows.append(
-            {
-                "t": second,
-                "events": len(lats),
-                "writer_lag_max_ms": round(max(lags), 1),
-                "consumer_p50_ms": round(percentile(lats, 0.5), 1),
-                "consumer_p99_ms": round(percentile(lats, 0.99), 1),
-                "consumer_max_ms": round(lats[-1], 1),
-                "consumer_within_target": round(
-                    sum(1 for x in lats if x <= target_ms) / len(lats), 4
-                ),
-            }
-        )
+        row: dict[str, Any] = {
+            "t": second,
+            "events": len(lats),
+            "writer_lag_max_ms": round(max(lags), 1),
+        }
+        if measured:
+            lats.sort()
+            row["consumer_p50_ms"] = round(percentile(lats, 0.5), 1)
+            row["consumer_p99_ms"] = round(percentile(lats, 0.99), 1)
+            row["consumer_max_ms"] = round(lats[-1], 1)
+            row["consumer_within_target"] = round(
+                sum(1 for x in lats if x <= target_ms) / len(lats), 4
+            )
+        rows.append(row)
     return rows
 
 

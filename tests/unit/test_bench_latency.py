@@ -105,3 +105,25 @@ def test_the_steady_target_row_gates_on_the_relay_histogram_not_on_the_consumer(
     assert [t.passed for t in evaluate({"steady_high": result}, True) if "p99" in t.metric] == [
         False
     ]
+
+
+def test_a_consumer_that_read_after_the_window_reports_no_latency_and_the_relay_gates() -> None:
+    result = {
+        "kind": "steady",
+        "target_rate": 5000,
+        "duration_s": 20,
+        "writer": {"achieved_rate": 5000.0, "max_lag_ms": 1.0},
+        "consumer": {"missing": 0, "duplicates": 0, "reads": "after the window"},
+        "latency_ms": None,
+        "relay_histogram": _histogram_summary(_scraped([0.008] * 1000)),
+        "relay": {"cpu_us_per_event": 10.0, "peak_rss_mb": 80.0},
+    }
+    targets = evaluate({"steady_high": result}, enforce=True)
+    assert [(t.metric, t.passed) for t in targets if "p99" in t.metric] == [
+        ("commit_to_ack_p99_ms", True)
+    ]
+    lines = table({"steady_high": result}, targets).splitlines()
+    (consumer,) = [line for line in lines if "insert→consumer" in line]
+    assert consumer.rstrip().endswith("consumer read after the window")
+    (relay,) = [line for line in lines if "commit→Kafka ack p99" in line]
+    assert "PASS" in relay

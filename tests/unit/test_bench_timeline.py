@@ -121,6 +121,17 @@ def test_per_second_bins_events_by_their_due_time_with_the_writers_lag() -> None
     assert worst(rows, "consumer_within_target", 1) == [rows[0]]
 
 
+def test_per_second_without_consumer_latencies_keeps_the_events_and_the_writers_lag() -> None:
+    # The consumer read after the window: its receive times are no latency.
+    inserted = [T0, T0 + 0.25, T0 + 0.5 + 0.080, T0 + 1.0]
+    rows = per_second([0, 1, 2, 4], inserted, None, t0=T0, rate=4.0, target_ms=20.0)
+    assert rows == [
+        {"t": 0, "events": 3, "writer_lag_max_ms": 80.0},
+        {"t": 1, "events": 1, "writer_lag_max_ms": 0.0},
+    ]
+    assert worst(rows, "consumer_within_target") == []
+
+
 def _histogram(within_5ms: float, within_20ms: float, total: float) -> Histogram:
     bounds = [0.005, 0.02, float("inf")]
     return Histogram(bounds, [within_5ms, within_20ms, total], total, 0.0)
