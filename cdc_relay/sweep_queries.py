@@ -57,7 +57,8 @@ def select_page(
     rows = conn.execute(statement, params).fetchall()
     if not rows:
         return 0, []
-    fence = min(parse_lsn(str(row[0])) for row in rows)
+    # Every row read the WAL's insert position, nearly always the same: each text parsed once.
+    fence = min(parse_lsn(text) for text in {str(row[0]) for row in rows})
     if len(swept.key) == 1:
         return fence, [row[1] for row in rows]
     return fence, [tuple(row[1:]) for row in rows]
