@@ -57,7 +57,8 @@ def select_page(
     rows = conn.execute(statement, params).fetchall()
     if not rows:
         return 0, []
-    fence = min(parse_lsn(str(row[0])) for row in rows)
+    # Every row read the WAL's insert position, nearly always the same: each text parsed once.
+    fence = min(parse_lsn(text) for text in {str(row[0]) for row in rows})
     if len(swept.key) == 1:
         return fence, [row[1] for row in rows]
     return fence, [tuple(row[1:]) for row in rows]
@@ -124,13 +125,13 @@ def delete_batch(
     columns = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
     returning = sql.SQL(", ").join(sql.SQL("t.{}::text").format(c) for c in key)
     if len(key) == 1:
-        match = sql.SQL("t.{} = ANY(%s::{}[])").format(key[0], swept.key_types[0])
+        match = sql.SQL("t.{} = ANY(%b::{}[])").format(key[0], swept.key_types[0])
         params: list[object] = [list(ids)]
     else:
         # One array per key column, each cast to the column's type.
         match = sql.SQL("({}) IN (SELECT * FROM unnest({}))").format(
             columns,
-            sql.SQL(", ").join(sql.SQL("%s::{}[]").format(t) for t in swept.key_types),
+            sql.SQL(", ").join(sql.SQL("%b::{}[]").format(t) for t in swept.key_types),
         )
         params = [[row[i] for row in ids] for i in range(len(key))]  # type: ignore[index]
     match = sql.SQL("{} AND age(t.xmin) <= age(%s::text::xid)").format(match)

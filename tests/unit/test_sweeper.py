@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from psycopg import sql
 
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings, load_settings
 from cdc_relay.errors import ConfigError
-from cdc_relay.lsn import parse_lsn
+from cdc_relay.lsn import format_lsn, parse_lsn
+from cdc_relay.sweep_queries import select_page
 from cdc_relay.sweeper import CandidateQueue, Pace, Sweeper, SweepResult, SweptBatch
 
 L1, L2, L3 = parse_lsn("0/100"), parse_lsn("0/200"), parse_lsn("0/300")
@@ -186,3 +191,53 @@ def test_describe_rows_waiting_without_any_record() -> None:
 def test_describe_tables_not_swept() -> None:
     result = SweepResult(errors={"app.a": "not in publication p (inserts)"})
     assert "not swept app.a: not in publication p (inserts)" in result.describe()
+
+
+# -- select_page: the fence of a page -------------------------------------------------------------
+
+
+class _PageConn:
+    """A connection whose one statement returns ``rows`` (the fence's text, then the key)."""
+
+    def __init__(self, rows: list[tuple[str, str]]) -> None:
+        self.rows = rows
+
+    def execute(self, statement: object, params: object) -> _PageConn:
+        return self
+
+    def fetchall(self) -> list[tuple[str, str]]:
+        return self.rows
+
+
+def _page(rows: list[tuple[str, str]]) -> tuple[int, list[object]]:
+    swept = SimpleNamespace(
+        table=OutboxTable(table="outbox"), key=("id",), key_types=[sql.SQL("uuid")], condition=None
+    )
+    return select_page(_PageConn(rows), swept, None, 0, created_at=None, limit=len(rows) or 1)  # type: ignore[arg-type]
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+def test_a_pages_fence_is_the_lowest_wal_position_any_row_read(positions: list[int]) -> None:
+    rows = [(format_lsn(p), f"key-{i}") for i, p in enumerate(positions)]
+    fence, keys = _page(rows)
+    assert fence == min(positions)
+    assert keys == [key for _, key in rows]
+
+
+def test_a_pages_fence_is_parsed_once_per_distinct_position_not_per_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page of 1,000 rows reads the WAL's insert position with every row, nearly always the
+    same: parsing each costs ~0.7 µs of the relay's CPU per swept row."""
+    parsed: list[str] = []
+
+    def counting(text: str) -> int:
+        parsed.append(text)
+        return parse_lsn(text)
+
+    monkeypatch.setattr("cdc_relay.sweep_queries.parse_lsn", counting)
+    rows = [("0/2000" if n % 500 else "0/1F00", f"key-{n}") for n in range(1000)]
+    fence, keys = _page(rows)
+    assert fence == parse_lsn("0/1F00")
+    assert len(keys) == 1000
+    assert len(parsed) <= 2
