@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
+from psycopg import sql
 
 from cdc_relay.checkpoint import Record as PositionRecord
 from cdc_relay.checkpoint import fenced
+from cdc_relay.config import OutboxTable
 from cdc_relay.errors import RelayError
 from cdc_relay.leadership import ForeignHolder, require_lease
 from cdc_relay.lsn import parse_lsn
@@ -574,3 +576,14 @@ class FakeStart:
 
     def forget(self) -> None:
         self.forgotten += 1
+
+
+@dataclass
+class SweptTableStub:
+    """A table as the sweeper holds it (:class:`cdc_relay.sweep_queries.SweptTable`), for
+    driving the sweeper's queries directly."""
+
+    table: OutboxTable
+    key: tuple[str, ...]
+    key_types: list[sql.Composable]
+    condition: sql.Composable | None = None

@@ -4,7 +4,6 @@ at a small client cost per key (the sweeper runs beside the loop, in the relay's
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import psycopg
 import pytest
@@ -12,6 +11,7 @@ from psycopg import sql
 
 from cdc_relay.config import OutboxTable
 from cdc_relay.sweep_queries import delete_batch
+from tests.fakes import SweptTableStub
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +25,6 @@ KEYS = 20_000
 # text array, each key is matched against psycopg's quoting regex and escaped: ~1.6 µs per key
 # for the adaptation alone (~2 in all); as a binary array ~0.2 (~0.5 in all).
 CPU_PER_KEY_MAX = 1.2e-6
-
-
-@dataclass
-class _Swept:
-    table: OutboxTable
-    key: tuple[str, ...]
-    key_types: list[sql.Composable]
-    condition: sql.Composable | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def _boundary(conn: psycopg.Connection[tuple[object, ...]]) -> int:
@@ -50,7 +41,7 @@ def test_a_delete_removes_exactly_its_keys_whatever_their_text(database: str) ->
         conn.execute(
             "INSERT INTO swept_keys SELECT unnest(%s::text[])", ([*HOSTILE_KEYS, *ordinary],)
         )
-        swept = _Swept(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("text")])
+        swept = SweptTableStub(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("text")])
         chosen = (*HOSTILE_KEYS, *ordinary[:100])
         deleted = delete_batch(conn, swept, chosen, boundary)
         assert sorted(deleted) == sorted(chosen)  # type: ignore[type-var]
@@ -62,7 +53,7 @@ def test_a_deletes_client_cpu_per_key_is_small(database: str) -> None:
     """CPU time of this thread only (not the server's, not wall time), best of three deletes."""
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("CREATE TABLE swept_keys (k uuid PRIMARY KEY)")
-        swept = _Swept(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("uuid")])
+        swept = SweptTableStub(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("uuid")])
         best = float("inf")
         for _ in range(3):
             boundary = _boundary(conn)

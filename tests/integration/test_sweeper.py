@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,7 +22,7 @@ import pytest
 from psycopg import sql
 
 from cdc_relay.checkpoint import PostgresCheckpointStore
-from cdc_relay.config import OutboxTable, Settings
+from cdc_relay.config import Settings
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.relayed_filters import recorded_form
@@ -31,6 +30,7 @@ from cdc_relay.row_key import key_types
 from cdc_relay.sweep_queries import page_statement, select_page
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
+from tests.fakes import SweptTableStub
 from tests.integration.relay_support import (
     INSERT_SQL,
     OUTBOX_DDL,
@@ -435,14 +435,6 @@ def test_a_pass_selects_every_published_row_of_an_integer_key_in_the_keys_order(
     assert not _remaining(database)
 
 
-@dataclass
-class _Swept:
-    table: OutboxTable
-    key: tuple[str, ...]
-    key_types: list[sql.Composable]
-    condition: sql.Composable | None = None
-
-
 def test_a_page_of_candidates_reads_the_keys_index_not_the_whole_table(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
@@ -459,7 +451,7 @@ def test_a_page_of_candidates_reads_the_keys_index_not_the_whole_table(
         )
         conn.execute("ANALYZE outbox")
         table = relay_settings(relay_env(database, broker.bootstrap_servers, unique)).tables()[0]
-        swept = _Swept(table, ("id",), key_types(conn, table, ("id",)))
+        swept = SweptTableStub(table, ("id",), key_types(conn, table, ("id",)))
         after = str(uuid.UUID(int=1 << 126))  # a quarter into the keys
         boundary = int(str(scalar(database, "SELECT txid_current()"))) - 100
         for page_after in (None, after):
