@@ -974,21 +974,6 @@ event_position(PyObject *prefix, Py_ssize_t ordinal)
     return position;
 }
 
-/* A new tuple of the four items (new references taken here). */
-static PyObject *
-pack4(PyObject *a, PyObject *b, PyObject *c, PyObject *d)
-{
-    PyObject *items = PyTuple_New(4);
-    if (items == NULL) {
-        return NULL;
-    }
-    PyObject *all[4] = {a, b, c, d};
-    for (Py_ssize_t i = 0; i < 4; i++) {
-        PyTuple_SET_ITEM(items, i, Py_NewRef(all[i]));
-    }
-    return items;
-}
-
 /* Publish the row with its relation's fast state: Py_True once produced, Py_False (nothing
  * changed) for anything the caller's Python must do, NULL with an exception. txn is of the
  * exact type. */
@@ -1055,7 +1040,7 @@ publish_row(Publisher *self, PyObject *state, PyObject *row, PyObject *txn)
     PyTuple_SET_ITEM(header, 0, Py_NewRef(self->position_header));
     PyTuple_SET_ITEM(header, 1, position);
     PyList_SET_ITEM(headers, 3, header);
-    bound = pack4(txn, table, topic, headers);
+    bound = PyTuple_Pack(4, txn, table, topic, headers);
     if (bound == NULL || (on_delivery = PyMethod_New(self->callback, bound)) == NULL) {
         Py_DECREF(ordinal);
         goto done;
