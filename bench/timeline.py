@@ -235,23 +235,24 @@ def per_second(
     """Per second of the writers' schedule: events due, the writers' worst lag behind schedule,
     and, unless ``latencies_ms`` is None (the consumer read after the window), insert ->
     consumer p50 / p99 / max and share within ``target_ms``."""
+    if latencies_ms is not None and len(latencies_ms) != len(seqs):
+        raise ValueError("one latency per event, or none at all")
     bins: dict[int, tuple[list[float], list[float]]] = {}
-    measured = latencies_ms is not None
-    latencies = latencies_ms if latencies_ms is not None else [0.0] * len(seqs)
-    for seq, ts, latency in zip(seqs, inserted, latencies, strict=True):
+    for index, (seq, ts) in enumerate(zip(seqs, inserted, strict=True)):
         due = seq / rate
         lags, lats = bins.setdefault(int(due), ([], []))
         lags.append(max(ts - (t0 + due), 0.0) * 1000)
-        lats.append(latency)
+        if latencies_ms is not None:
+            lats.append(latencies_ms[index])
     rows = []
     for second in sorted(bins):
         lags, lats = bins[second]
         row: dict[str, Any] = {
             "t": second,
-            "events": len(lats),
+            "events": len(lags),
             "writer_lag_max_ms": round(max(lags), 1),
         }
-        if measured:
+        if lats:
             lats.sort()
             row["consumer_p50_ms"] = round(percentile(lats, 0.5), 1)
             row["consumer_p99_ms"] = round(percentile(lats, 0.99), 1)
