@@ -53,6 +53,13 @@ _DEFAULT_SETTINGS: dict[str, str] = {
     "shared_buffers": "128MB",
 }
 
+# The newest minor releases (15.19, 16.15, 17.11, 18.6 and later) let REPLICATION roles, and
+# superusers, decode only through the output plugins this setting lists (pgoutput, test_decoding
+# by default): the throw-away cluster adds wal2json, the relay's other plugin, where the server
+# has the setting (an unknown setting would stop an older one from starting).
+_OUTPUT_PLUGIN_SETTING = "output_plugin_libraries"
+_OUTPUT_PLUGINS = "pgoutput, test_decoding, wal2json"
+
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
@@ -516,14 +523,22 @@ class LocalPostgres(ThrowAway):
         self._initialised = True
 
     def _write_settings(self) -> None:
+        settings = self.settings
+        if _OUTPUT_PLUGIN_SETTING not in settings and self._knows(_OUTPUT_PLUGIN_SETTING):
+            settings[_OUTPUT_PLUGIN_SETTING] = _OUTPUT_PLUGINS
         lines = [
             "# Written by cdc_relay.local.LocalPostgres; ALTER SYSTEM may append below.",
-            *(f"{key} = {_quote_setting(value)}" for key, value in self.settings.items()),
+            *(f"{key} = {_quote_setting(value)}" for key, value in settings.items()),
         ]
         auto_conf = self.data_dir / "postgresql.auto.conf"
         # Opening the existing file keeps its owner (postgres when we run as root).
         with auto_conf.open("w") as fh:
             fh.write("\n".join(lines) + "\n")
+
+    def _knows(self, setting: str) -> bool:
+        """Whether this server has ``setting`` (``postgres -C`` on the stopped data directory)."""
+        probe = [str(self._bin("postgres")), "-D", str(self.data_dir), "-C", setting]
+        return self._run(probe, check=False, timeout=30).returncode == 0
 
     def _read_postmaster_pid(self) -> int | None:
         if self._root is None:
