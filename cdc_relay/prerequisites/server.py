@@ -1,11 +1,27 @@
 """Checks of the server and the relay's role: what any streaming client needs (version,
-``wal_level``, a free slot and WAL sender, REPLICATION) and the sweeper's grants."""
+``wal_level``, a free slot and WAL sender, REPLICATION, an output plugin the server lets it use)
+and the sweeper's grants."""
 
 from __future__ import annotations
 
-from cdc_relay.config import sql_name
+import csv
+
+from psycopg import sql
+
+from cdc_relay.config import Plugin, sql_name
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.replication.source import MIN_SERVER_VERSION, relation_oid, scalar
+
+# The output plugins a server lets roles decode through, where it restricts them (a setting of the
+# newest minor releases; older servers have none and restrict nothing).
+OUTPUT_PLUGIN_SETTING = "output_plugin_libraries"
+
+
+def listed_plugins(value: str) -> list[str]:
+    """The names in a list setting as PostgreSQL shows it: comma-separated, each optionally
+    double-quoted (a quoted name may hold a comma; ``""`` is a quote in it)."""
+    fields = next(csv.reader([value], skipinitialspace=True), [])
+    return [name.strip() for name in fields if name.strip()]
 
 
 class ServerChecks(Checks):
@@ -59,6 +75,26 @@ class ServerChecks(Checks):
                 "or stop an unused replication client"
             )
         return f"{used} of {limit} in use"
+
+    def output_plugin(self) -> str | None:
+        """The server lets roles decode through the relay's plugin (None: it restricts none)."""
+        shown = scalar(self.conn, "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING)
+        if shown is None:
+            return None
+        listed = listed_plugins(str(shown))
+        plugin = self.settings.plugin.value
+        if plugin in listed:
+            return f"{plugin}, which {OUTPUT_PLUGIN_SETTING} lists"
+        statement = sql.SQL("ALTER SYSTEM SET {} = {}").format(
+            sql.SQL(OUTPUT_PLUGIN_SETTING),  # our own constant
+            sql.SQL(", ").join(sql.Literal(name) for name in [*listed, plugin]),
+        )
+        other = "" if plugin == Plugin.PGOUTPUT else " (or use CDC_RELAY_PLUGIN=pgoutput)"
+        raise Unmet(
+            f"the server lets no role decode through {plugin}: {OUTPUT_PLUGIN_SETTING} is "
+            f"{str(shown)!r}; as a superuser: {statement.as_string(self.conn)}; SELECT "
+            f"pg_reload_conf(){other}"
+        )
 
     def replication_role(self) -> str:
         """The role may stream the WAL (REPLICATION, or a superuser)."""

@@ -142,6 +142,33 @@ def test_replication_role_passes_for_replication_or_superuser_and_fails_with_alt
     assert failed.fix == "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION"
 
 
+PLUGIN_SETTING = "SELECT current_setting(%s, true)"
+
+
+def test_output_plugin_says_nothing_where_the_server_restricts_no_plugin() -> None:
+    assert checks({PLUGIN_SETTING: [(None,)]}).server.output_plugin() is None
+
+
+def test_output_plugin_passes_when_listed_and_fails_with_the_statement_that_lists_it() -> None:
+    listed = {PLUGIN_SETTING: [("pgoutput, test_decoding",)]}
+    assert checks(listed).server.output_plugin() == (
+        "pgoutput, which output_plugin_libraries lists"
+    )
+    failed = unmet(checks(listed, plugin="wal2json").server.output_plugin)
+    assert failed.fix == (
+        "the server lets no role decode through wal2json: output_plugin_libraries is "
+        "'pgoutput, test_decoding'; as a superuser: ALTER SYSTEM SET output_plugin_libraries = "
+        "'pgoutput', 'test_decoding', 'wal2json'; SELECT pg_reload_conf() (or use "
+        "CDC_RELAY_PLUGIN=pgoutput)"
+    )
+    # A quoted name is one name, whatever it holds: "pgoutput, x" is not pgoutput.
+    quoted = {PLUGIN_SETTING: [('"pgoutput, x", test_decoding',)]}
+    failed = unmet(checks(quoted).server.output_plugin)
+    assert (
+        "ALTER SYSTEM SET output_plugin_libraries = 'pgoutput, x', 'test_decoding', 'pgoutput';"
+    ) in failed.fix
+
+
 def test_a_dropped_role_stops_before_any_check() -> None:
     database = FakeDatabase({ROLE_QUERY: []})
     with pytest.raises(SourceSetupError, match="role does not exist"):
@@ -441,6 +468,7 @@ def test_require_passes_on_a_ready_database() -> None:
             "SELECT attname FROM pg_attribute": ALL_COLUMNS,
             "SELECT pubinsert FROM pg_publication": [],
             EMIT_FUNCTIONS: [],
+            PLUGIN_SETTING: [(None,)],
         }
     )
     require(cast(Connection, database), settings(sweep_interval=0))
@@ -454,6 +482,7 @@ def test_report_names_every_check_in_the_order_check_prints_them() -> None:
         "replication slots",
         "wal senders",
         "privileges",
+        "output plugin",
         "table public.outbox",
         "state table",
         "publication",
