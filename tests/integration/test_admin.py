@@ -127,8 +127,10 @@ def test_setup_twice_is_idempotent(env: dict[str, str], messages: bool) -> None:
 
 
 def test_setup_gives_the_publication_the_configured_row_filter(
-    database: str, env: dict[str, str]
+    database: str, env: dict[str, str], row_filters_missing: str | None
 ) -> None:
+    if row_filters_missing:
+        pytest.skip(row_filters_missing)
     filtered = {**env, "CDC_RELAY_OUTBOX_ROW_FILTER": "aggregate_type IN ('order', 'invoice')"}
     assert cdc_relay(filtered, "setup", "--create-outbox").returncode == 0
     publication = env["CDC_RELAY_PUBLICATION_NAME"]
