@@ -415,6 +415,51 @@ class LocalPostgres(ThrowAway):
         standby._initialised = True
         return standby
 
+    # ---------------------------------------------------------------- major upgrade
+
+    def upgrade_from(self, old: LocalPostgres, timeout: float = 300.0) -> None:
+        """``pg_upgrade`` ``old``'s cluster into this one, as an operator upgrades a major version:
+        both stopped, this one freshly initialised (by this call) with its own settings; then
+        :meth:`start` runs the upgraded cluster. ``old`` is left stopped."""
+        old.stop()
+        if not self._initialised:
+            # pg_upgrade needs both clusters alike in data checksums (on by default from 18).
+            control = old._run([str(old._bin("pg_controldata")), str(old.data_dir)]).stdout
+            checksums = "Data page checksum version:" in control and not re.search(
+                r"Data page checksum version:\s+0\b", control
+            )
+            accepted = self._run([str(self._bin("initdb")), "--help"]).stdout
+            if checksums:
+                self._initdb("--data-checksums")
+            elif "--no-data-checksums" in accepted:
+                self._initdb("--no-data-checksums")
+            else:
+                self._initdb()
+        self.stop()
+        self._run(
+            [
+                str(self._bin("pg_upgrade")),
+                "--old-bindir",
+                str(old.bindir),
+                "--new-bindir",
+                str(self.bindir),
+                "--old-datadir",
+                str(old.data_dir),
+                "--new-datadir",
+                str(self.data_dir),
+                "--username",
+                _SUPERUSER,
+                "--old-port",
+                str(old.port),
+                "--new-port",
+                str(self.port),
+                "--socketdir",
+                str(self.directory),
+                "--no-sync",
+            ],
+            timeout=timeout,
+        )
+
     @property
     def in_recovery(self) -> bool:
         """True while the server is a standby (``pg_is_in_recovery()``)."""
@@ -498,7 +543,7 @@ class LocalPostgres(ThrowAway):
             )
         return result
 
-    def _initdb(self) -> None:
+    def _initdb(self, *options: str) -> None:
         initdb = self._bin("initdb")  # raises the install hint before any directory is made
         root = self.directory
         if self._as_root:
@@ -517,6 +562,7 @@ class LocalPostgres(ThrowAway):
                 "UTF8",
                 "--no-locale",
                 "--no-sync",
+                *options,
             ]
         )
         self._write_settings()
