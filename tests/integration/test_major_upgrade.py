@@ -136,6 +136,7 @@ def test_a_major_upgrade_loses_nothing_and_sends_nothing_twice(
     assert "cannot be this server's: it was written on the cluster with system identifier" in (
         relay.logs()
     )
+    assert "carried over by pg_upgrade" in relay.logs()
 
     relay = RelayProcess({**env, "CDC_RELAY_ALLOW_SLOT_RESET": "true"}).start()
     try:
