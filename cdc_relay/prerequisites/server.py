@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 
+import psycopg
 from psycopg import sql
 
 from cdc_relay.config import Plugin, sql_name
@@ -78,11 +79,21 @@ class ServerChecks(Checks):
 
     def output_plugin(self) -> str | None:
         """The server lets roles decode through the relay's plugin (None: it restricts none)."""
-        shown = scalar(self.conn, "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING)
+        plugin = self.settings.plugin.value
+        try:
+            with self.conn.transaction():
+                shown = scalar(self.conn, "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING)
+        except psycopg.errors.InsufficientPrivilege:
+            # Readable by superusers and pg_read_all_settings only: creating or streaming from
+            # the slot says it then, if the server does not list the plugin.
+            return (
+                f"{plugin}; this role may not read {OUTPUT_PLUGIN_SETTING} (superusers and "
+                f"pg_read_all_settings may): the server must list {plugin} there if it restricts "
+                "output plugins"
+            )
         if shown is None:
             return None
         listed = listed_plugins(str(shown))
-        plugin = self.settings.plugin.value
         if plugin in listed:
             return f"{plugin}, which {OUTPUT_PLUGIN_SETTING} lists"
         statement = sql.SQL("ALTER SYSTEM SET {} = {}").format(

@@ -18,6 +18,7 @@ import pytest
 
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.prerequisites.server import OUTPUT_PLUGIN_SETTING
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
 from tests.conftest import KafkaBroker, skip_if_external
@@ -249,6 +250,15 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     if plugin == "wal2json":
         expected.add("wal2json")
         assert lines["wal2json"] == "ok   wal2json: installed"
+    restricted = scalar(
+        env["CDC_RELAY_DATABASE_URL"], "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING
+    )
+    if restricted is not None:  # a server that restricts output plugins (newest minors)
+        expected.add("output plugin")
+        assert (
+            lines["output plugin"]
+            == f"ok   output plugin: {plugin}, which {OUTPUT_PLUGIN_SETTING} lists"
+        )
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
     assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")

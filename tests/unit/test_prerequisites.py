@@ -8,6 +8,7 @@ the test, so every test also says which queries a check asks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -65,8 +66,13 @@ class FakeDatabase:
         self.asked.append(text)
         for fragment, rows in self.answers.items():
             if fragment in text:
+                if isinstance(rows, Exception):
+                    raise rows
                 return _Rows(rows)
         raise AssertionError(f"unscripted query: {text}")
+
+    def transaction(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 ROLE_QUERY = "r.rolsuper, r.rolreplication FROM pg_roles"
@@ -147,6 +153,17 @@ PLUGIN_SETTING = "SELECT current_setting(%s, true)"
 
 def test_output_plugin_says_nothing_where_the_server_restricts_no_plugin() -> None:
     assert checks({PLUGIN_SETTING: [(None,)]}).server.output_plugin() is None
+
+
+def test_output_plugin_where_the_role_may_not_read_the_setting_says_what_must_hold() -> None:
+    refused = psycopg.errors.InsufficientPrivilege(
+        'permission denied to examine "output_plugin_libraries"'
+    )
+    assert checks({PLUGIN_SETTING: refused}).server.output_plugin() == (
+        "pgoutput; this role may not read output_plugin_libraries (superusers and "
+        "pg_read_all_settings may): the server must list pgoutput there if it restricts output "
+        "plugins"
+    )
 
 
 def test_output_plugin_passes_when_listed_and_fails_with_the_statement_that_lists_it() -> None:
