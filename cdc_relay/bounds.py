@@ -44,16 +44,16 @@ class Bounds:
 
     def describe(self) -> str:
         """``0 (off) or between 0.01 and 86400 seconds``, ``at least 1``, …"""
-        low, unit = _number(self.low), f" {self.unit}" if self.unit else ""
+        low, unit = format_number(self.low), f" {self.unit}" if self.unit else ""
         if math.isinf(self.high):
             span = f"more than {low}{unit}" if self.above_low else f"at least {low}{unit}"
         elif self.above_low:
-            span = f"more than {low} and at most {_number(self.high)}{unit}"
+            span = f"more than {low} and at most {format_number(self.high)}{unit}"
         else:
-            span = f"between {low} and {_number(self.high)}{unit}"
+            span = f"between {low} and {format_number(self.high)}{unit}"
         if self.special is None:
             return span
-        return f"{_number(self.special)} ({self.special_means}) or {span}"
+        return f"{format_number(self.special)} ({self.special_means}) or {span}"
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -71,6 +71,6 @@ def seconds(low: float, high: float, **options: Any) -> Bounds:
     return Bounds(low, high, unit="seconds", **options)
 
 
-def _number(value: float) -> str:
+def format_number(value: float) -> str:
     """1.0 -> ``1``, 316224000.0 -> ``316224000`` (not ``3.16224e+08``), 0.01 -> ``0.01``."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
