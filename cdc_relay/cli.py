@@ -201,7 +201,7 @@ def run(settings: Settings) -> int:
         if stop_due:
             wait = max(0.0, min(wait, stop_due[0] - time.monotonic()))
         _await_producers(wait)
-    return 0
+    return ExitCode.OK
 
 
 def _await_producers(wait: float) -> None:

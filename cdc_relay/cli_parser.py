@@ -111,10 +111,12 @@ def _add_command(
     parser = commands.add_parser(
         entry.name,
         prog=f"{prog} {entry.name}",
-        description=f"{entry.summary[:1].upper()}{entry.summary[1:]}.\n\n"
-        + _wrap(entry.description)
-        + f"\n\nexample:\n  {entry.example.replace(PROG, prog, 1)}",
-        epilog=_epilog(
+        description=f"{entry.summary[:1].upper()}{entry.summary[1:]}.",
+        epilog=_wrap(entry.description)
+        + "\n\n"
+        + _wrap(f"needs: {entry.needs}", hanging="  ")
+        + f"\n\nexample:\n  {entry.example.replace(PROG, prog, 1)}\n\n"
+        + _epilog(
             entry.exit_codes,
             f"{prog} settings" if entry.takes_settings else f"{prog} --help",
             f"{CLI_PAGE}#{entry.name}",
@@ -287,3 +289,16 @@ def settings_listing(prog: str = PROG) -> str:
     )
     add_setting_flags(listing, command=None, shown=True)
     return listing.format_help()
+
+
+def own_flags(command: str) -> list[tuple[str, str]]:
+    """A command's own flags (not the settings'), as (usage, help), in its help's order."""
+    parser = argparse.ArgumentParser(add_help=False)
+    _OWN_FLAGS.get(command, _no_flags)(parser.add_argument_group())
+    flags = []
+    for action in parser._actions:
+        usage = ", ".join(action.option_strings)
+        if action.metavar:
+            usage += f" {action.metavar}"
+        flags.append((usage, str(action.help)))
+    return flags

@@ -562,7 +562,9 @@ def _conditions_set_per_table(settings: Settings) -> Settings:
 
 
 class Settings(BaseSettings):
-    """All of cdc-relay's settings. Field docs double as ``--help`` text and README rows."""
+    """All of cdc-relay's settings. A field's description, default and bounds are what
+    ``cdc-relay settings`` and the configuration reference say
+    (:mod:`cdc_relay.settings_reference`); its part of the relay is in :data:`SETTING_PARTS`."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -593,9 +595,10 @@ class Settings(BaseSettings):
         default_factory=OutboxColumns,
         description=(
             'Column names of the outbox table as JSON, e.g. {"aggregate_type": "aggregatetype"}; '
-            "also topic, key, header_columns, and the mapping options topic_from, key_from, value, "
-            "additional_placement, expand_json_payload, tombstone_on_empty_payload (README: "
-            "Adopting an existing outbox)."
+            "also topic, key, header_columns, the mapping options topic_from, key_from, value, "
+            "additional_placement, expand_json_payload, tombstone_on_empty_payload (docs: "
+            "Adopting an existing outbox), and row_key, the unique columns the sweeper deletes "
+            "by (default: the primary key)."
         ),
     )
     outbox_tables: tuple[OutboxTable, ...] = Field(
@@ -628,7 +631,10 @@ class Settings(BaseSettings):
         description="Prefix of transactional logical messages (pg_logical_emit_message) to relay.",
     )
     slot_name: str = Field("cdc_relay", description="Logical replication slot name.")
-    publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
+    publication_name: str = Field(
+        "cdc_relay_outbox",
+        description="Publication of the outbox tables (inserts only), created if missing.",
+    )
     plugin: Plugin = Field(
         Plugin.PGOUTPUT,
         description="Output plugin: pgoutput (built in, binary) or wal2json (format-version 2).",
@@ -679,14 +685,18 @@ class Settings(BaseSettings):
         1.0, description="Seconds between confirmations of the acknowledged position."
     )
     idle_confirm_interval: Annotated[float, seconds(0.0, HOUR, above_low=True)] = Field(
-        10.0, description="Seconds between confirmations that only follow an idle WAL."
+        10.0,
+        description=(
+            "Seconds between confirmations that only follow the WAL (other tables' writes, no "
+            "events)."
+        ),
     )
     exactly_once: bool = Field(
         False,
         description=(
             "Publish inside Kafka transactions fenced by the slot: consumers reading with "
             "isolation.level=read_committed see each event once, even after a paused leader "
-            "wakes. Needs a broker that allows transactions (README: Exactly once)."
+            "wakes. Needs a broker that allows transactions (docs: Exactly once)."
         ),
     )
     transaction_interval: Annotated[float, seconds(0.001, 60.0)] = Field(
@@ -811,7 +821,10 @@ class Settings(BaseSettings):
     progress_interval: Annotated[float, seconds(0.1, DAY)] = Field(
         5.0, description="Seconds between progress lines while catching up on a backlog."
     )
-    log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
+    log_format: LogFormat = Field(
+        LogFormat.PLAIN,
+        description="Log lines: plain (key=value) or json, one line per event of note.",
+    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
     topic_allowlist: str | None = Field(
         None,

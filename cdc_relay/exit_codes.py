@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     POISON = 5
     PROTOCOL = 6
     BUG = 70  # EX_SOFTWARE of sysexits.h
+    INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ EXIT_CODES: dict[ExitCode, Meaning] = {
     ExitCode.FAILED: Meaning(
         "failed",
         "A check failed (`check`), the slot does not exist (`status`), the database could not "
-        "be reached (`setup`, `status`, `sweep`), or the demo could not finish.",
+        "be reached (`setup`, `status`, `sweep`), the demo could not finish, or the relay met "
+        "an error it does not retry.",
         "Read the lines it printed: each failed check says what to do.",
     ),
     ExitCode.CONFIGURATION: Meaning(
@@ -85,6 +87,12 @@ EXIT_CODES: dict[ExitCode, Meaning] = {
         "An unexpected error: a bug in cdc-relay, not an operating condition. The log has its "
         "traceback; a restart resumes from the confirmed position.",
         f"Report it at {ISSUES_URL} with the traceback.",
+    ),
+    ExitCode.INTERRUPTED: Meaning(
+        "interrupted",
+        "A second Ctrl-C cut the demo's shutdown short (the first one stops it cleanly); its "
+        "throw-away services are stopped and deleted all the same.",
+        "Nothing.",
     ),
 }
 

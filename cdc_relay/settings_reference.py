@@ -250,6 +250,11 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def code_variables(text: str) -> str:
+    """Markdown: every ``CDC_RELAY_*`` name in ``text`` as code."""
+    return _VARIABLE.sub(lambda match: f"`{match.group(0)}`", text)
+
+
 def _markdown_row(row: SettingRow) -> str:
     cells = [
         f"`{row.variable}`",
@@ -257,6 +262,6 @@ def _markdown_row(row: SettingRow) -> str:
         row.kind,
         row.default if row.default.startswith(("required", "unset")) else f"`{row.default}`",
         row.bounds or "—",
-        _VARIABLE.sub(lambda match: f"`{match.group(0)}`", row.meaning),
+        code_variables(row.meaning),
     ]
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"

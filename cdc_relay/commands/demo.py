@@ -169,7 +169,7 @@ class Demo:
             # A second Ctrl-C during shutdown: cut it short. The services' watchdogs and atexit
             # handlers still stop them and delete their directories.
             print("cdc-relay demo: interrupted", file=sys.stderr)
-            return 130
+            return ExitCode.INTERRUPTED
 
     def _run(self) -> int:
         self.say("cdc-relay demo: PostgreSQL -> cdc-relay -> Kafka, all on this machine")

@@ -47,4 +47,4 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     sweeper.run(stop)
-    return 0
+    return ExitCode.OK
