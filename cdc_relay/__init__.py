@@ -2,7 +2,7 @@
 
 from cdc_relay import _hot_path
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Where the project lives; pyproject.toml's [project.urls] says the same (a test holds them equal).
 HOMEPAGE_URL = "https://github.com/cdc-relay/cdc-relay"
