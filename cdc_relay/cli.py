@@ -36,7 +36,7 @@ from cdc_relay.database_url import has_password
 from cdc_relay.errors import ConfigError, RelayError
 from cdc_relay.exit_codes import ExitCode
 from cdc_relay.logs import configure
-from cdc_relay.settings_reference import PROPERTY_SETTING
+from cdc_relay.settings_reference import PROPERTY_SETTING, markdown
 
 __all__ = ["build_parser", "main", "run", "settings_from_args"]
 
@@ -116,8 +116,6 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
 
 def _command(args: argparse.Namespace, prog: str) -> int:
     if args.command == "settings":
-        from cdc_relay.settings_reference import markdown  # noqa: PLC0415 - only for this command
-
         print(markdown() if args.markdown else settings_listing(prog), end="")
         return ExitCode.OK
     if args.command == "demo":

@@ -63,7 +63,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 def _overview(prog: str) -> str:
     width = max(len(entry.name) for entry in COMMANDS) + 2
     listing = "\n".join(f"  {entry.name:<{width}}{entry.summary}" for entry in COMMANDS)
-    required = [row for row in rows() if row.default.startswith("required")]
+    required = [row for row in rows() if row.required]
     flags = "\n".join(f"  {row.usage}  [{row.variable}]" for row in required)
     return (
         "Relay transactional-outbox rows from PostgreSQL to Kafka by tailing the WAL.\n\n"
@@ -279,9 +279,10 @@ def settings_listing(prog: str = PROG) -> str:
         usage=f"{prog} [COMMAND] [--SETTING VALUE ...]",
         description=_wrap(
             "Every setting is an environment variable (CDC_RELAY_..., in brackets), may be a "
-            "line of .env in the working directory, and is a flag of run, setup, check, "
-            "status and sweep, before or after the command; flags win over the environment, "
-            "the environment over .env. Only defaults are shown here, never a configured value."
+            "line of .env in the working directory, and is a flag of "
+            + ", ".join(entry.name for entry in COMMANDS if entry.takes_settings)
+            + ", before or after the command; flags win over the environment, the environment "
+            "over .env. Only defaults are shown here, never a configured value."
         ),
         epilog=_wrap(f"more: {DOCS_URL}reference/configuration/"),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -12,6 +12,7 @@ Only defaults are shown, never a configured value: nothing here reads the enviro
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from dataclasses import dataclass
@@ -78,29 +79,38 @@ class SettingRow:
     part: Part
 
     @property
+    def required(self) -> bool:
+        """No default: every command (or those :data:`REQUIRED_BY` names) needs a value."""
+        return self.default.startswith(_REQUIRED)
+
+    @property
     def usage(self) -> str:
         """``--slot-name NAME``, ``--[no-]messages``."""
         return f"{self.flag} {self.placeholder}" if self.placeholder else self.flag
 
     def help(self) -> str:
         """The flag's help: meaning, default, bounds, variable."""
-        required = self.default.startswith("required")
-        default = f"{self.default[:1].upper()}{self.default[1:]}" if required else "Default: "
-        default += "" if required else self.default
+        if self.required:
+            default = f"{self.default[:1].upper()}{self.default[1:]}"
+        else:
+            default = f"Default: {self.default}"
         accepts = f"; accepts {self.bounds}" if self.bounds else ""
         return f"{self.meaning} {default}{accepts}. [{self.variable}]"
 
 
-def rows() -> list[SettingRow]:
-    """Every setting, part by part in :data:`SETTING_PARTS`' order; unplaced ones last (Other)."""
+@functools.cache
+def rows() -> tuple[SettingRow, ...]:
+    """Every setting, part by part in :data:`SETTING_PARTS`' order; unplaced ones last (Other).
+
+    Computed once: the parser asks for them per command."""
     placed = {name: part for part, names in SETTING_PARTS.items() for name in names}
     ordered = [name for names in SETTING_PARTS.values() for name in names]
     ordered += [name for name in Settings.model_fields if name not in placed]
-    return [
+    return tuple(
         _row(name, Settings.model_fields[name], placed.get(name, Part.OTHER))
         for name in ordered
         if name in Settings.model_fields
-    ]
+    )
 
 
 def _row(name: str, field: FieldInfo, part: Part) -> SettingRow:
@@ -182,18 +192,22 @@ def _kind(name: str, kind: Any, bounds: Bounds | None) -> str:
     return _TYPE_WORDS.get(kind, "JSON object")
 
 
+_REQUIRED = "required"
+_UNSET = "unset"
+
+
 def _default(name: str, field: FieldInfo) -> str:
     if field.is_required():
-        return "required"
+        return _REQUIRED
     if name in REQUIRED_BY:
-        return "required by " + ", ".join(REQUIRED_BY[name])
+        return f"{_REQUIRED} by " + ", ".join(REQUIRED_BY[name])
     return _shown(field.get_default(call_default_factory=True))
 
 
 def _shown(value: Any) -> str:
     """A default as it would be written in the environment."""
     if value is None:
-        return "unset"
+        return _UNSET
     if isinstance(value, BaseModel):  # every key at its default; the meaning names the keys
         value = value.model_dump(mode="json", exclude_defaults=True)
     if isinstance(value, Enum):
@@ -260,7 +274,7 @@ def _markdown_row(row: SettingRow) -> str:
         f"`{row.variable}`",
         f"`{row.usage}`",
         row.kind,
-        row.default if row.default.startswith(("required", "unset")) else f"`{row.default}`",
+        row.default if row.required or row.default == _UNSET else f"`{row.default}`",
         row.bounds or "—",
         code_variables(row.meaning),
     ]
