@@ -1,4 +1,5 @@
-"""What ``status`` and ``check`` print from the database, when someone else wrote it.
+"""What the commands print: text from the database someone else wrote, escaped on one line; and
+their own words (and libpq's) with no escape sequence at all.
 
 The lease row names its holder; any role that may UPDATE it (or restore the ``cdc_relay`` schema)
 chooses that text. Printed raw, a newline forges another line of the report (``ok   …``), and a
@@ -19,6 +20,7 @@ import time
 import psycopg
 import pytest
 
+from cdc_relay.commands.catalog import COMMANDS
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import create_outbox, relay_env
 from tests.integration.test_admin import cdc_relay, lines_of
@@ -84,6 +86,20 @@ ESCAPED = re.compile(r"\\(?:[nrt]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 UNREACHABLE = "postgresql://relay@127.0.0.1:9/app?connect_timeout=2"
 
 
+def _without_outer_settings(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m cdc_relay`` with ``env`` as its only ``CDC_RELAY_*`` variables."""
+    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_RELAY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_relay", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tempfile.gettempdir(),  # no stray .env file is read
+        check=False,
+    )
+
+
 def _no_escapes(result: subprocess.CompletedProcess[str], what: object) -> None:
     output = result.stdout + result.stderr
     assert not ESCAPED.search(output), (what, output[-3000:])
@@ -102,7 +118,7 @@ def test_a_database_that_cannot_be_reached_is_reported_on_one_clean_line(
         "CDC_RELAY_DATABASE_URL": UNREACHABLE,
         "CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9",
     }
-    result = cdc_relay(env, *args)
+    result = _without_outer_settings(env, *args)
     assert result.returncode != 0
     assert "Connection refused" in result.stdout + result.stderr
     assert "Is the server running on that host" in result.stdout + result.stderr
@@ -148,7 +164,9 @@ def test_every_command_prints_its_own_words_without_escapes(
     create_outbox(database)
     for args in (
         ("--help",),
-        *((command, "--help") for command in ("run", "setup", "check", "status", "sweep")),
+        *((entry.name, "--help") for entry in COMMANDS),
+        ("settings",),
+        ("settings", "--markdown"),
         ("setup",),
         ("check",),
         ("status",),
@@ -166,42 +184,17 @@ def test_status_needs_no_kafka_setting(database: str, broker: KafkaBroker, uniqu
     env = relay_env(database, broker.bootstrap_servers, unique)
     create_outbox(database)
     del env["CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS"]
-    base = {k: v for k, v in os.environ.items() if not k.upper().startswith("CDC_RELAY_")}
-    setup = cdc_relay({**base, **env}, "setup")
+    setup = _without_outer_settings(env, "setup")
     assert setup.returncode == 0, setup.stdout + setup.stderr
-    status = subprocess.run(
-        [sys.executable, "-m", "cdc_relay", "status"],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tempfile.gettempdir(),
-        check=False,
-    )
+    status = _without_outer_settings(env, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"slot: slot_{unique}" in status.stdout.splitlines()
     assert "slot_exists: True" in status.stdout.splitlines()
-    sweep = subprocess.run(
-        [sys.executable, "-m", "cdc_relay", "sweep", "--once", "--wait", "0"],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tempfile.gettempdir(),
-        check=False,
-    )
+    sweep = _without_outer_settings(env, "sweep", "--once", "--wait", "0")
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     # The commands that publish or probe the broker still need it, and say so.
     for command in ("run", "check"):
-        refused = subprocess.run(
-            [sys.executable, "-m", "cdc_relay", command],
-            env={**base, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tempfile.gettempdir(),
-            check=False,
-        )
+        refused = _without_outer_settings(env, command)
         assert refused.returncode == 2, (command, refused.stdout + refused.stderr)
         assert refused.stderr == (
             "cdc-relay: invalid configuration: CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS: is required "
