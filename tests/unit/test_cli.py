@@ -579,3 +579,29 @@ def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--version"], prog="python -m cdc_relay")
     assert capsys.readouterr().out == f"cdc-relay {__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["status", "setup", "sweep"])
+def test_commands_that_never_use_kafka_need_no_kafka_setting(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    settings = settings_for(command)
+    assert settings.kafka_bootstrap_servers is None
+    assert settings.slot_name == "cdc_relay"
+
+
+@pytest.mark.parametrize("argv", [[], ["run"], ["check"]])
+def test_run_and_check_name_the_kafka_setting_they_need(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    with pytest.raises(ConfigError) as info:
+        settings_for(*argv)
+    command = argv[0] if argv else "run"
+    assert str(info.value) == (
+        f"invalid configuration: CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS: is required by {command}"
+    )
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "")
+    with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS: must not be empty"):
+        settings_for(*argv)
