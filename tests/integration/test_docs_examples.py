@@ -55,6 +55,19 @@ TOPIC = "outbox.event.order"
 _BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
+def run_bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``script`` as a reader's shell runs it, stopping at the first failing command."""
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{script}"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
 def bash_blocks(text: str) -> list[str]:
     return [block.strip() for block in _BASH_BLOCK.findall(text)]
 
@@ -151,15 +164,7 @@ def test_the_getting_started_page_runs_as_written(
         "DOCS_RELAY_EXIT": str(exit_file),
     }
     try:
-        result = subprocess.run(
-            ["bash", "-c", f"set -euo pipefail\n{head}\nenv -0 >{shlex.quote(str(env_dump))}"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        result = run_bash(f"{head}\nenv -0 >{shlex.quote(str(env_dump))}", REPO, env)
         logs = log.read_text() if log.exists() else ""
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\nrelay:\n{logs}"
         assert "\nok   " in result.stdout, result.stdout  # check's lines
@@ -181,10 +186,7 @@ def test_the_getting_started_page_runs_as_written(
         )
         deadline = time.monotonic() + 10
         while True:  # the counter follows Kafka's acknowledgement within a confirm interval
-            shown = subprocess.run(
-                ["bash", "-c", status], cwd=REPO, env=shell_env, capture_output=True, text=True,
-                timeout=60, check=False,
-            )  # fmt: skip
+            shown = run_bash(status, REPO, shell_env)
             if "relay.published: 1\n" in shown.stdout or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -221,15 +223,7 @@ def test_the_readme_demo_runs_as_written(scratch: Path) -> None:
     command = line.removeprefix(DEMO_INSTALL)
     env = demo_env(scratch)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
-    result = subprocess.run(
-        ["bash", "-c", f"set -euo pipefail\n{command}"],
-        env=env,
-        cwd=scratch,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = run_bash(command, scratch, env)
     output = f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
     assert result.returncode == 0, output
     events = event_lines(result.stdout)
