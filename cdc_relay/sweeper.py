@@ -12,22 +12,55 @@ event. So, per outbox table, two phases and no state that must survive a crash:
    as several such pages, each with its own fence, up to :data:`MAX_CANDIDATES_PER_TABLE` per
    pass;
 2. *delete*: once the recorded position is ``>= L``, ``DELETE ... WHERE key = ANY(candidates)``
-   (and the row filter and sweep condition, checked again) in a transaction of its own: row locks
-   on published rows only, never a table lock, so inserting writers are never blocked.
+   (and the row filter, sweep condition and sweep boundary, checked again) in a transaction of its
+   own: row locks on published rows only, never a table lock, so inserting writers are never
+   blocked.
 
 The row key is not the event id: it is the table's primary key or configured unique columns
-(:mod:`cdc_relay.row_key`), whatever column feeds the ``id`` header. A row the row filter leaves
-out is never published, so it is never a candidate either: rows for another destination stay.
+(:mod:`cdc_relay.row_key`), whatever column feeds the ``id`` header, read with its columns' types
+every pass: a key column whose type changed (``ALTER COLUMN id TYPE text``) or a new primary key
+drops the candidates selected by the old one, which are selected again. A row the row filter
+leaves out is never published, so it is never a candidate either: rows for another destination
+stay.
+
+The fence covers commits the slot decoded; it cannot cover rows the slot never decoded — rows of
+transactions older than the slot (or than a change of the relay's row filter, or than the
+attaching of the partition they are in). The *sweep boundary* (``slot_position.sweep_from_xid``,
+a 64-bit transaction id taken when the slot was created) excludes them: a statement only takes a
+row of a transaction at or after its table's (its partition's) effective boundary, comparing the
+row's 32-bit ``xmin`` through the statement's own next 64-bit id; such rows (which predate the
+boundary) are never deleted. :mod:`cdc_relay.sweep_boundary` owns that comparison and why it stays
+exact however many transactions pass: it looks at each table once, settles it when no older row is
+left, and otherwise keeps the point at which an older row's 32-bit id would come round, stopping
+this table's deletes (loudly, naming the rows) before it — what it learnt is kept in
+``slot_position.sweep_horizons``, for sweepers started later.
+
+A table rewrite (``ALTER TABLE … TYPE``, ``VACUUM FULL``, ``CLUSTER``) keeps both halves true.
+The fence: a rewritten row is visible to the select only once the rewrite committed, after the
+row's own insert — below ``L`` too. The boundary: a rewrite may give every row the rewriting
+transaction's id, an older row too; a table with no older row left (settled) has none to confuse,
+and one that has moves its effective boundary past the rewrite (every row it holds then is kept).
+An ``UPDATE`` of an older row does the same to that row and is not seen: outbox rows are written
+once.
 
 Candidates wait in memory between passes; after a crash they are simply selected again — with a
 new fence, which the relay has to confirm past first (the fence is the WAL's end, always beyond
 the record), so a sweeper that starts while the relay is down deletes nothing. The publication
 publishes inserts only, so the deletes never reach the relay (nor Kafka).
 
+A partitioned outbox is swept through its root, its key (which includes the partition key) naming
+a row in whichever partition holds it; its publication publishes the partitions' rows as the
+root's (``publish_via_partition_root``). Each leaf partition has its own effective boundary: after
+the transaction that attached it (its ``pg_inherits`` rows, up to the root), so the rows a table
+brought with it when it was attached — committed before it was part of the outbox, never
+published — are never deleted. Detaching or dropping a partition loses nothing unpublished: rows
+committed in it before are in the WAL the slot keeps, and decoded with the catalog of their time.
+
 Several sweepers at once are harmless, each deleting only what the record covers: the relay runs
 its own only while it leads (:mod:`cdc_relay.leadership`), but a ``sweep`` command beside it, or a
 stale leader's sweeper for the moment before it notices, may sweep too. The record is written only
-by the lease holder, and only ever with positions Kafka acknowledged.
+by the lease holder, and only ever with positions Kafka acknowledged; the horizons only with what a
+look at the table found, for the boundary the record holds.
 
 Guards, checked every pass before anything is deleted:
 
@@ -40,7 +73,9 @@ Guards, checked every pass before anything is deleted:
   the relay's filter was never published;
 - a table is swept only while the relay's publication publishes its inserts (rows of a table the
   relay does not stream are never "published", whatever the recorded position says), and only
-  when it has a row key that is unique (the delete names rows by it).
+  when it has a row key that is unique (the delete names rows by it);
+- a table (a partition) whose older rows could soon look younger than its boundary is not swept
+  (``sweep`` exits 3) until they are gone.
 
 The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
 the position that covers it: a relay restarted with another filter takes a new boundary, so rows
@@ -455,10 +490,12 @@ class Sweeper:
             if self._stopping():
                 break
             try:
+                state.eligible = Eligible()
                 if boundary is not None:
                     self._judge(conn, state, boundary, stored, result)
-                if not state.eligible:
-                    state.queue.clear()  # no leaf of it may be swept now
+                if not state.eligible:  # no boundary yet, or no leaf of it may be swept now
+                    state.queue.clear()
+                    state.unselected = 0
                     continue
                 self._delete_covered(conn, state, position, boundary, result)
                 if select and not state.queue:
@@ -591,7 +628,6 @@ class Sweeper:
         effective boundary and below its horizon; look at those that need it (a scan each) and
         keep what was learnt; refuse or warn about the others (:mod:`cdc_relay.sweep_boundary`)."""
         table = state.table
-        state.eligible = Eligible()
         oid = relation_oid(conn, table)
         if oid is None:
             return

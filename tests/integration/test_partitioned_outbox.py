@@ -59,7 +59,7 @@ def _create(url: str) -> None:
         conn.execute(PARTITIONED_DDL.encode())
 
 
-def _write(
+def write_partitioned(
     url: str, month: str, count: int, prefix: str, table: str = "outbox", batches: int = 2
 ) -> list[Event]:
     """``count`` rows created in 2024-``month`` (their partition), in ``batches`` transactions."""
@@ -85,7 +85,7 @@ def _write(
     return events
 
 
-def _rows(url: str, table: str = "outbox") -> set[str]:
+def partitioned_rows(url: str, table: str = "outbox") -> set[str]:
     with psycopg.connect(url, autocommit=True) as conn:
         return {str(r[0]) for r in conn.execute(f"SELECT id FROM {table}".encode()).fetchall()}
 
@@ -113,13 +113,13 @@ def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_par
     # A table filled before it joins: its rows were never published (they are not the outbox's).
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.outbox_2024_03 (LIKE public.outbox INCLUDING ALL)")
-    prefilled = _write(database, "03", 4, "prefilled", table="outbox_2024_03", batches=1)
+    prefilled = write_partitioned(database, "03", 4, "prefilled", table="outbox_2024_03", batches=1)
     topic = f"{unique}.order"
     with streaming_relay(env) as relay:
-        january = _write(database, "01", 6, "jan")
-        february = _write(database, "02", 6, "feb")
-        later = _write(database, "07", 6, "jul")  # the default partition
-        wait_until(lambda: not _rows(database), 30, "the rows swept from their partitions")
+        january = write_partitioned(database, "01", 6, "jan")
+        february = write_partitioned(database, "02", 6, "feb")
+        later = write_partitioned(database, "07", 6, "jul")  # the default partition
+        wait_until(lambda: not partitioned_rows(database), 30, "the rows swept from partitions")
 
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute(
@@ -130,19 +130,19 @@ def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_par
                 "CREATE TABLE public.outbox_2024_04 PARTITION OF public.outbox "
                 "FOR VALUES FROM ('2024-04-01') TO ('2024-05-01')"
             )
-        march = _write(database, "03", 4, "mar")
-        april = _write(database, "04", 4, "apr")
+        march = write_partitioned(database, "03", 4, "mar")
+        april = write_partitioned(database, "04", 4, "apr")
         wait_until(
-            lambda: _rows(database) == _ids(prefilled),
+            lambda: partitioned_rows(database) == _ids(prefilled),
             30,
             "the rows written after the attach swept, the attached table's own kept",
         )
         time.sleep(1.5)  # a few more passes: still kept
-        assert _rows(database) == _ids(prefilled)
+        assert partitioned_rows(database) == _ids(prefilled)
         assert relay.stop() == 0
 
     # Rows the relay has not read yet, then their partition detached and dropped (retention).
-    unread = _write(database, "02", 5, "unread")
+    unread = write_partitioned(database, "02", 5, "unread")
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("ALTER TABLE public.outbox DETACH PARTITION public.outbox_2024_02")
         conn.execute("DROP TABLE public.outbox_2024_02")
@@ -153,7 +153,7 @@ def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_par
     published = [(r.header("id") or b"").decode() for r in records]
     assert sorted(published) == sorted(_ids(january, february, later, march, april, unread))
     assert {r.topic for r in records} == {topic}
-    assert _rows(database) == _ids(prefilled)
+    assert partitioned_rows(database) == _ids(prefilled)
     assert "ignoring inserts of a relation" not in logs
 
 
@@ -192,7 +192,7 @@ def test_check_and_setup_on_a_partitioned_outbox_with_a_publication_of_its_parti
         conn.execute(fix.encode())
     assert not failed(cdc_relay(env, "check"))
     with streaming_relay(env) as relay:
-        events = _write(database, "01", 4, "jan")
+        events = write_partitioned(database, "01", 4, "jan")
         records = consume_all(broker.bootstrap_servers, f"{unique}.order", 4, 30)
         assert relay.stop() == 0
     assert sorted((r.header("id") or b"").decode() for r in records) == sorted(_ids(events))
