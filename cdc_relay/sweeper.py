@@ -348,6 +348,7 @@ class Sweeper:
         self._spread = 0.0
         self._pace = Pace(0, 0.0, 0.0)
         self._reported: dict[str, str] = {}  # table -> the error last logged for it
+        self._warned: set[str] = set()  # tables warned about the last pass
         # Counters for metrics and /status.
         self.deleted_total = 0
         self.last_sweep_at = 0.0  # Unix time of the last completed pass
@@ -852,4 +853,12 @@ class Sweeper:
                 log.error(
                     "outbox table not swept", extra={"fields": {"table": table, "error": error}}
                 )
+        for table, warning in result.warnings.items():
+            # The count of transactions left changes every pass: said once per kind of warning.
+            if table not in self._warned:
+                log.warning(
+                    "outbox table will stop being swept",
+                    extra={"fields": {"table": table, "warning": warning}},
+                )
         self._reported = problems
+        self._warned = set(result.warnings)
