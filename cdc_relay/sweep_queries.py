@@ -62,13 +62,32 @@ _DISTANCE = sql.SQL("mod({now} - t.xmin::text::int8 + 4294967295, 4294967296) + 
 
 
 def _eligible(eligible: Eligible) -> tuple[sql.Composable, list[object]]:
-    """The condition a row must meet (its leaf's ``since`` and ``until``), and its parameters."""
-    leaf = sql.SQL("array_position(%s::int8[]::oid[], t.tableoid)")
+    """The condition a row must meet (its leaf's ``since`` and ``until``), and its parameters.
+
+    One comparison (the distance is at least 1): the planner then estimates it as it did
+    ``age(xmin) <= age(boundary)`` and reads a page along the key's index; as two, it took them
+    for rarer, read the whole table and sorted it (a page of 1,000 of 20,000 rows: 19 ms of the
+    server against 0.6). A table that is not partitioned (one leaf) compares with plain numbers:
+    the arrays' lookups cost more than the comparison (that page: 0.76 ms with arrays, 0.63
+    without, 0.54 as age() compared)."""
+    leaf_is: sql.Composable
+    until: sql.Composable
+    since: sql.Composable
+    if len(eligible.oids) == 1:
+        leaf_is = sql.SQL("t.tableoid = %s::int8::oid AND ")
+        until = since = sql.SQL("%s")
+        params: list[object] = [eligible.oids[0], eligible.until[0], eligible.since[0]]
+    else:
+        leaf = sql.SQL("array_position(%s::int8[]::oid[], t.tableoid)")
+        leaf_is = sql.SQL("")
+        until = sql.SQL("(%s::int8[])[{}]").format(leaf)
+        since = sql.SQL("(%s::int8[])[{}]").format(leaf)
+        oids = list(eligible.oids)
+        params = [list(eligible.until), oids, list(eligible.since), oids]
     condition = sql.SQL(
-        "{distance} <= {now} - (%s::int8[])[{leaf}] AND {now} < (%s::int8[])[{leaf}]"
-    ).format(distance=_DISTANCE, now=_NOW, leaf=leaf)
-    oids = list(eligible.oids)
-    return condition, [list(eligible.since), oids, list(eligible.until), oids]
+        "{leaf_is}{distance} <= CASE WHEN {now} < {until} THEN {now} - {since} ELSE 0 END"
+    ).format(leaf_is=leaf_is, distance=_DISTANCE, now=_NOW, until=until, since=since)
+    return condition, params
 
 
 def select_page(
