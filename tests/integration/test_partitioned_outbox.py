@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
 
 import orjson
 import psycopg
@@ -17,6 +16,7 @@ from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     Event,
     RelayProcess,
+    event_ids,
     new_event,
     relay_env,
     scalar,
@@ -90,10 +90,6 @@ def partitioned_rows(url: str, table: str = "outbox") -> set[str]:
         return {str(r[0]) for r in conn.execute(f"SELECT id FROM {table}".encode()).fetchall()}
 
 
-def _ids(*groups: Sequence[Event]) -> set[str]:
-    return {e.id for group in groups for e in group}
-
-
 def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_partitions(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
@@ -133,12 +129,12 @@ def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_par
         march = write_partitioned(database, "03", 4, "mar")
         april = write_partitioned(database, "04", 4, "apr")
         wait_until(
-            lambda: partitioned_rows(database) == _ids(prefilled),
+            lambda: partitioned_rows(database) == event_ids(prefilled),
             30,
             "the rows written after the attach swept, the attached table's own kept",
         )
         time.sleep(1.5)  # a few more passes: still kept
-        assert partitioned_rows(database) == _ids(prefilled)
+        assert partitioned_rows(database) == event_ids(prefilled)
         assert relay.stop() == 0
 
     # Rows the relay has not read yet, then their partition detached and dropped (retention).
@@ -151,9 +147,9 @@ def test_a_partitioned_outbox_is_relayed_through_its_root_and_swept_from_its_par
         assert relay.stop() == 0
     logs = relay.logs()
     published = [(r.header("id") or b"").decode() for r in records]
-    assert sorted(published) == sorted(_ids(january, february, later, march, april, unread))
+    assert sorted(published) == sorted(event_ids(january, february, later, march, april, unread))
     assert {r.topic for r in records} == {topic}
-    assert partitioned_rows(database) == _ids(prefilled)
+    assert partitioned_rows(database) == event_ids(prefilled)
     assert "ignoring inserts of a relation" not in logs
 
 
@@ -195,7 +191,7 @@ def test_check_and_setup_on_a_partitioned_outbox_with_a_publication_of_its_parti
         events = write_partitioned(database, "01", 4, "jan")
         records = consume_all(broker.bootstrap_servers, f"{unique}.order", 4, 30)
         assert relay.stop() == 0
-    assert sorted((r.header("id") or b"").decode() for r in records) == sorted(_ids(events))
+    assert sorted((r.header("id") or b"").decode() for r in records) == sorted(event_ids(events))
 
 
 def test_wal2json_and_a_partitioned_outbox_are_refused_naming_pgoutput(

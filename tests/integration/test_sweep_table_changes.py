@@ -11,6 +11,7 @@ from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     Event,
     create_outbox,
+    event_ids,
     new_event,
     relay_env,
     streaming_relay,
@@ -37,10 +38,6 @@ def _events(count: int, prefix: str) -> list[Event]:
     return [new_event("order", f"{prefix}-{n % 5}", "created", {"n": n}) for n in range(count)]
 
 
-def _ids(*groups: list[Event]) -> set[str]:
-    return {e.id for group in groups for e in group}
-
-
 def test_a_key_column_changing_type_and_a_new_primary_key_are_followed_without_a_restart(
     database: str, broker: KafkaBroker, unique: str
 ) -> None:
@@ -51,14 +48,14 @@ def test_a_key_column_changing_type_and_a_new_primary_key_are_followed_without_a
     first, second, third = _events(20, "first"), _events(20, "second"), _events(20, "third")
     with streaming_relay(env) as relay:
         write_transactions(database, [first[:10], first[10:]])
-        wait_until(lambda: _remaining(database) == _ids(older), 30, "the first rows swept")
+        wait_until(lambda: _remaining(database) == event_ids(older), 30, "the first rows swept")
 
         with psycopg.connect(database, autocommit=True) as conn:
             # A rewrite: every row now carries this transaction's id, the older ones too.
             conn.execute("ALTER TABLE outbox ALTER COLUMN id TYPE text")
         write_transactions(database, [second[:10], second[10:]])
         wait_until(
-            lambda: _remaining(database) == _ids(older),
+            lambda: _remaining(database) == event_ids(older),
             30,
             "the rows written after the type change swept, the older ones kept",
         )
@@ -69,7 +66,9 @@ def test_a_key_column_changing_type_and_a_new_primary_key_are_followed_without_a
             )
         write_transactions(database, [third])
         wait_until(
-            lambda: _remaining(database) == _ids(older), 30, "rows swept by the new primary key"
+            lambda: _remaining(database) == event_ids(older),
+            30,
+            "rows swept by the new primary key",
         )
         records = consume_all(broker.bootstrap_servers, f"{unique}.order", 60, 30)
         assert relay.stop() == 0
@@ -77,7 +76,7 @@ def test_a_key_column_changing_type_and_a_new_primary_key_are_followed_without_a
     assert sorted(r.header("id") or b"" for r in records) == sorted(
         e.id.encode() for e in first + second + third
     )
-    assert _remaining(database) == _ids(older)
+    assert _remaining(database) == event_ids(older)
     assert "sweep failed" not in logs, logs[-3000:]
 
 
@@ -93,7 +92,7 @@ def test_rows_older_than_the_boundary_are_kept_through_a_rewrite_and_a_restart(
     first, second = _events(10, "first"), _events(10, "second")
     with streaming_relay(env) as relay:
         write_transactions(database, [first])
-        wait_until(lambda: _remaining(database) == _ids(older), 30, "the first rows swept")
+        wait_until(lambda: _remaining(database) == event_ids(older), 30, "the first rows swept")
         assert relay.stop() == 0
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("ALTER TABLE outbox ALTER COLUMN aggregate_type TYPE varchar(100)")
@@ -101,8 +100,8 @@ def test_rows_older_than_the_boundary_are_kept_through_a_rewrite_and_a_restart(
         conn.execute("ALTER TABLE outbox ALTER COLUMN id TYPE text")
     with streaming_relay(env) as relay:
         write_transactions(database, [second])
-        wait_until(lambda: _remaining(database) <= _ids(older), 30, "the second rows swept")
+        wait_until(lambda: _remaining(database) <= event_ids(older), 30, "the second rows swept")
         records = consume_all(broker.bootstrap_servers, f"{unique}.order", 20, 30)
         assert relay.stop() == 0
     assert len(records) == 20
-    assert _remaining(database) == _ids(older)
+    assert _remaining(database) == event_ids(older)

@@ -25,6 +25,7 @@ from tests.conftest import LOCAL_POSTGRES_SETTINGS, skip_if_external
 from tests.integration.relay_support import (
     Event,
     create_outbox,
+    event_ids,
     new_event,
     relay_env,
     relay_settings,
@@ -114,10 +115,6 @@ def _deleted(result: SweepResult) -> set[str]:
     return {str(i) for b in result.batches for i in b.ids}
 
 
-def _ids(events: list[Event]) -> set[str]:
-    return {e.id for e in events}
-
-
 def test_rows_after_a_boundary_two_billion_transactions_back_are_swept_and_older_ones_kept(
     cluster: LocalPostgres, unique: str
 ) -> None:
@@ -127,7 +124,7 @@ def test_rows_after_a_boundary_two_billion_transactions_back_are_swept_and_older
     older = outbox.write(5, "older")  # before the boundary: never published, never swept
     boundary = outbox.take_boundary()
     first = outbox.write(5, "first")
-    assert _deleted(outbox.sweep()) == _ids(first)
+    assert _deleted(outbox.sweep()) == event_ids(first)
     second = outbox.write(5, "second")  # frozen by the jump, as autovacuum would have
 
     cluster.advance_transaction_ids(boundary + (1 << 30))
@@ -136,8 +133,8 @@ def test_rows_after_a_boundary_two_billion_transactions_back_are_swept_and_older
     assert int(str(scalar(outbox.url, "SELECT min(age(xmin)) FROM outbox"))) < 0  # 32 bits wrapped
 
     result = outbox.sweep()
-    assert _deleted(result) == _ids(second) | _ids(third)
-    assert outbox.remaining() == _ids(older)
+    assert _deleted(result) == event_ids(second) | event_ids(third)
+    assert outbox.remaining() == event_ids(older)
     # The older rows' ids look younger 2^32 transactions after the oldest of them: said ahead.
     assert "predate the sweep boundary" in result.warnings["public.outbox"]
 
@@ -161,18 +158,18 @@ def test_the_sweeper_stops_deleting_before_older_rows_could_look_younger_and_res
     reason = refused.refused["public.outbox"]
     assert "3 row(s)" in reason, reason
     assert "predate the sweep boundary" in reason, reason
-    assert outbox.remaining() == _ids(older) | _ids(waiting)
+    assert outbox.remaining() == event_ids(older) | event_ids(waiting)
 
     with psycopg.connect(outbox.url, autocommit=True) as conn:  # the operator's fix
         conn.execute("DELETE FROM outbox WHERE id = ANY(%s::uuid[])", ([e.id for e in older],))
-    assert _deleted(outbox.sweep()) == _ids(waiting)
+    assert _deleted(outbox.sweep()) == event_ids(waiting)
 
     # Settled: no row older than the boundary is left, none can come: 2^32 and more later too.
     cluster.advance_transaction_ids(cluster.next_transaction_id() + 2_000_000_000)
     assert cluster.next_transaction_id() > oldest + SPAN
     later = outbox.write(4, "later")
     result = outbox.sweep()
-    assert _deleted(result) == _ids(later)
+    assert _deleted(result) == event_ids(later)
     assert not result.refused
     assert not result.warnings
     assert outbox.remaining() == set()
@@ -195,7 +192,7 @@ def test_a_first_look_two_billion_transactions_after_the_boundary_refuses_rows_i
     reason = result.refused["public.outbox"]
     assert "first looked" in reason, reason
     assert "sweep_from_xid" in reason, reason
-    assert outbox.remaining() == _ids(rows)
+    assert outbox.remaining() == event_ids(rows)
 
     with psycopg.connect(outbox.url, autocommit=True) as conn:  # the fix the refusal names
         conn.execute(
@@ -205,5 +202,5 @@ def test_a_first_look_two_billion_transactions_after_the_boundary_refuses_rows_i
         )
     later = outbox.write(3, "later")
     result = outbox.sweep()
-    assert _deleted(result) == _ids(later)
-    assert outbox.remaining() == _ids(rows)  # older than the new boundary: kept
+    assert _deleted(result) == event_ids(later)
+    assert outbox.remaining() == event_ids(rows)  # older than the new boundary: kept
