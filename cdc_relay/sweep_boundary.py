@@ -29,9 +29,11 @@ boundary*, ``since``: the boundary, or just after the transaction that attached 
   once they are gone;
 - a *table rewrite* (``ALTER TABLE … TYPE``, ``VACUUM FULL``, ``CLUSTER``: a new ``relfilenode``)
   may give every row the rewriting transaction's id, older rows too. A settled partition has none
-  to confuse; for one that is not, ``since`` moves past the last change of its catalog row (the
-  rewrite), keeping every row it holds then — rows it had published included, left for the
-  operator — and it is looked at again.
+  to confuse (it is looked at again all the same: a new ``relfilenode`` under a known oid could
+  also be another table); for one that is not, ``since`` moves past the last change of its
+  catalog row (the rewrite), keeping every row it holds then — rows it had published included,
+  left for the operator — and it is looked at again. At a first look ``since`` is also past that
+  change, should the table have been rewritten between the boundary and the look.
 
 What was learnt is kept in ``slot_position.sweep_horizons`` (per partition oid, with the boundary
 and the attach it is of): after a restart, 2^32 transactions later, the sweeper still knows. The
@@ -148,10 +150,14 @@ def plan(
         since = max([boundary, *(image(a, now) + 1 for a in leaf.attached)])
         # A rewrite since the boundary would have given older rows a newer id: from after it.
         return Look(max(since, image(leaf.altered, now) + 1), None)
+    if leaf.filenode != known.filenode:
+        if known.until is None:
+            # Rewritten (or, after an oid came round, another table): settled again by a look
+            # unless it holds older rows after all; a rewrite of a settled one has none to confuse.
+            return Look(known.since, known)
+        return Look(max(known.since, image(leaf.altered, now) + 1), known)
     if known.until is None:
         return known
-    if leaf.filenode != known.filenode:
-        return Look(max(known.since, image(leaf.altered, now) + 1), known)
     if scanned_ago is None or scanned_ago >= RESCAN_SECONDS:
         return Look(known.since, known)
     return known

@@ -149,7 +149,9 @@ def test_a_rewrite_moves_an_unsettled_boundary_past_it_and_an_attach_starts_afre
     rewritten = Leaf(1, "public.outbox", (), 8, (now - 10) & LOW)
     assert plan(rewritten, known, boundary, now, 1.0) == Look(now - 9, known)
     settled = Horizon(boundary, (), 7, boundary, None, 0)
-    assert plan(rewritten, settled, boundary, now, 1.0) == settled  # nothing left to confuse
+    # Nothing left to confuse, but looked at again (the same oid could be another table).
+    assert plan(rewritten, settled, boundary, now, 1.0) == Look(boundary, settled)
+    assert plan(Leaf(1, "public.outbox", (), 7, 5), settled, boundary, now, 1.0) == settled
     attached = Leaf(2, "public.outbox_p", ((now - 50) & LOW,), 7, (now - 50) & LOW)
     assert plan(attached, settled, boundary, now, 1.0) == Look(now - 49, None)
     unchanged = Leaf(1, "public.outbox", (), 7, (boundary - 100) & LOW)
