@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc_relay.cli import build_parser
 from cdc_relay.config import Settings, env_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,17 +35,3 @@ def test_ci_runs_the_postgresql_18_tier_the_readme_describes() -> None:
         "test_high_availability.py",
     ):
         assert f"tests/integration/{tier}" in ci, tier
-
-
-def test_the_relay_is_started_one_way() -> None:
-    """``python -m cdc_relay``, never the console script, in the docs, the image and ``--help``."""
-    assert build_parser().format_usage().startswith("usage: python -m cdc_relay ")
-    assert '["python", "-m", "cdc_relay"]' in (REPO / "docker" / "Dockerfile").read_text()
-    docs = [
-        README,
-        (REPO / "docker" / "Dockerfile").read_text(),
-        *(path.read_text() for path in (REPO / "bench").glob("*.md")),
-    ]
-    for text in docs:
-        for command in ("run", "setup", "check", "status", "sweep", "demo"):
-            assert f"cdc-relay {command}" not in text, command
