@@ -6,6 +6,9 @@ the same kinds of values through a real PostgreSQL.
 
 from __future__ import annotations
 
+import base64
+import re
+
 import orjson
 from hypothesis import strategies as st
 
@@ -285,3 +288,24 @@ def pg_values() -> st.SearchStrategy[tuple[str, int, str | None]]:
             st.just(name), st.just(PG_TYPES[name][0]), st.one_of(st.none(), PG_TYPES[name][1])
         )
     )
+
+
+NUMBER_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def rendered(oid: int, text: str | None) -> object:
+    """What ``value: row`` must make of one column's text (cdc_relay.column_json's rule, spelled
+    out), as a value for orjson.dumps: a number's exact digits, NaN/Infinity as a string, a
+    boolean, json embedded as it is, bytea in base64, any other text as a string, NULL null."""
+    if text is None:
+        return None
+    if oid in NUMBER_OIDS:
+        return orjson.Fragment(text) if _JSON_NUMBER.fullmatch(text) else text
+    if oid == 16:  # boolean
+        return text == "t"
+    if oid in (114, 3802):  # json, jsonb
+        return orjson.Fragment(text)
+    if oid == 17:  # bytea, hex text
+        return base64.b64encode(bytes.fromhex(text[2:])).decode()
+    return text

@@ -23,10 +23,10 @@ from cdc_relay.decode.messages import UNCHANGED_TOAST, DecodeError, Delete, Inse
 from cdc_relay.decode.pgoutput import PgOutputDecoder
 from cdc_relay.decode.wal2json import Wal2JsonDecoder
 from tests.built_extension import load_tuple_reader
-from tests.hostile_values import pg_values
+from tests.hostile_values import NUMBER_OIDS, pg_values
 
-# The types wal2json 2.5 prints as bare JSON numbers (NaN and ±Infinity as null), and boolean.
-_NUMBER_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
+# wal2json 2.5 prints the number types (NUMBER_OIDS) as bare JSON numbers, NaN and ±Infinity as
+# null; booleans as true/false.
 _NOT_A_NUMBER = frozenset({"NaN", "Infinity", "-Infinity"})
 _BOOL_OID, _BYTEA_OID = 16, 17
 
@@ -45,7 +45,7 @@ def _wal2json_value(oid: int, text: str | None) -> str:
     """The JSON wal2json 2.5 writes for a value (format-version 2)."""
     if text is None:
         return "null"
-    if oid in _NUMBER_OIDS:
+    if oid in NUMBER_OIDS:
         return "null" if text in _NOT_A_NUMBER else text
     if oid == _BOOL_OID:
         return "true" if text == "t" else "false"
@@ -68,7 +68,7 @@ def _wal2json_columns(columns: list[Column]) -> str:
 
 def _decoded_by_wal2json(oid: int, text: str | None) -> bytes | None:
     """What the decoder must return: the server's text, except what wal2json itself loses."""
-    if text is None or (oid in _NUMBER_OIDS and text in _NOT_A_NUMBER):
+    if text is None or (oid in NUMBER_OIDS and text in _NOT_A_NUMBER):
         return None
     return text.encode()
 

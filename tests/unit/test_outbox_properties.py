@@ -4,9 +4,7 @@ that would crash or be cut by librdkafka."""
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -19,7 +17,7 @@ from cdc_relay.decode.messages import UNCHANGED_TOAST, Relation, RelationColumn,
 from cdc_relay.outbox import MessageMapping, OutboxMapping, OutboxRecord
 from cdc_relay.shaped_mapping import ShapedMapping
 from cdc_relay.value_text import MalformedEvent
-from tests.hostile_values import json_texts, pg_values
+from tests.hostile_values import json_texts, pg_values, rendered
 
 COLUMNS = (
     "id",
@@ -243,9 +241,7 @@ def test_the_session_publishes_the_record_map_returns(
 
 # -- values of every type, at PostgreSQL's extremes --------------------------------------------
 
-_NUMBER_OIDS = frozenset({20, 21, 23, 26, 700, 701, 1700})
 _JSON_OIDS = frozenset({JSON, JSONB})
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def _reject_constant(name: str) -> object:
@@ -387,20 +383,5 @@ def test_a_row_shaped_value_says_in_json_exactly_what_postgresql_printed(
     fields: dict[str, object] = {"id": "e-1", "event_type": "created"}
     fields["payload"] = orjson.Fragment(b"{}")
     for name, (_, oid, text) in zip(names, columns, strict=True):
-        fields[name] = _rendered(oid, text)
+        fields[name] = rendered(oid, text)
     assert record.value == orjson.dumps(fields)
-
-
-def _rendered(oid: int, text: str | None) -> object:
-    """column_json's rule for one value, spelled out."""
-    if text is None:
-        return None
-    if oid in _NUMBER_OIDS:
-        return orjson.Fragment(text) if _NUMBER.fullmatch(text) else text
-    if oid == 16:
-        return text == "t"
-    if oid in _JSON_OIDS:
-        return orjson.Fragment(text)
-    if oid == BYTEA:
-        return base64.b64encode(bytes.fromhex(text[2:])).decode()
-    return text
