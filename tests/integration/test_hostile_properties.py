@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import orjson
 import psycopg
@@ -206,9 +208,12 @@ HOSTILE = st.one_of(_row(), _row(), _message())
 # -- reading the outcome --------------------------------------------------------------------------
 
 
-def _topics_and_reader(database: str, broker: KafkaBroker, unique: str) -> tuple[str, str, Reader]:
-    """The hostile tables; the events and dead-letter topics, and a reader of both."""
-    create_tables(database)
+def _topics_and_reader(
+    database: str, broker: KafkaBroker, unique: str, create: Callable[[str], None] = create_tables
+) -> tuple[str, str, Reader]:
+    """The tables (``create``: the hostile ones); the events and dead-letter topics, and a reader
+    of both."""
+    create(database)
     events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
     broker.create_topic(events)
     broker.create_topic(dead_letter)
@@ -428,14 +433,8 @@ def test_each_value_postgresql_stores_is_relayed_exactly_or_dead_lettered(
     timestamps at ±infinity, NULL) through the real stream of both plugins: each is published
     exactly as PostgreSQL prints it (``value: row`` says every column in JSON, a plain record
     its payload, key and headers) or dead-lettered for its reason; the relay runs on."""
-    create_value_tables(database, _TYPE_NAMES)
-    events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
-    broker.create_topic(events)
-    broker.create_topic(dead_letter)
-    reader = Reader(
-        broker.bootstrap_servers,
-        [events, dead_letter],
-        config={"fetch.message.max.bytes": 8_000_000},
+    events, dead_letter, reader = _topics_and_reader(
+        database, broker, unique, partial(create_value_tables, type_names=_TYPE_NAMES)
     )
     env = relay_env(
         database,

@@ -34,7 +34,11 @@ TEMPLATE = "outbox.{aggregate_type}.{event_type}"
 
 
 def _relation(payload_type: int, headers_type: int) -> Relation:
-    types = {"id": UUID, "payload": payload_type, "headers": headers_type}
+    return _typed_relation({"id": UUID, "payload": payload_type, "headers": headers_type})
+
+
+def _typed_relation(types: Mapping[str, int]) -> Relation:
+    """The outbox relation with these columns' types; any other column is text."""
     return Relation(
         1,
         "public",
@@ -261,17 +265,6 @@ def _is_json(text: str) -> bool | None:
     except ValueError:
         return False
     return True
-
-
-def _typed_relation(types: Mapping[str, int]) -> Relation:
-    return Relation(
-        1,
-        "public",
-        "outbox",
-        "d",
-        tuple(RelationColumn(0, name, types.get(name, TEXT), -1) for name in COLUMNS),
-        None,
-    )
 
 
 # Header values a jsonb object may hold: numbers of any size and exactness, strings, nesting.
