@@ -24,6 +24,7 @@ from cdc_relay.local import LocalBroker
 from cdc_relay.reconcile import POSITION_HEADER
 from cdc_relay.transactional_id import transactional_id
 from tests.conftest import KafkaBroker
+from tests.integration.holding_proxy import END_TXN, HoldingProxy
 from tests.integration.relay_support import (
     Event,
     RelayProcess,
@@ -307,3 +308,124 @@ def test_a_postgresql_transaction_larger_than_the_split_bound_arrives_complete_o
     assert "too large for one Kafka transaction" in logs
     _in_commit_order(records, large)
     assert _transaction_markers(records) > 0  # commit markers inside the one transaction's run
+
+
+def _reads_back(logs: str) -> int:
+    return logs.count("reconciled with Kafka") + logs.count("nothing to reconcile")
+
+
+def test_a_commit_of_unknown_outcome_is_settled_before_anything_is_sent_again(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """The commit (EndTxn) reaches the broker, which commits; its answer never comes back, past
+    transaction.timeout.ms: the relay gives up on it, not knowing. The next session fences and
+    reads back (read_committed) before it sends anything: it finds the transaction committed and
+    sends none of it again. (The same holds on Apache Kafka; had the commit not arrived, the
+    fence aborts it there, read_committed hides it, and it is sent again: once.)"""
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=2)
+    slot = f"slot_{unique}"
+    before = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
+    during = [new_event(aggregate_id=f"a-{i}", payload={"n": 10 + i}) for i in range(10)]
+    after = [new_event(aggregate_id=f"a-{i}", payload={"n": 20 + i}) for i in range(10)]
+    with HoldingProxy(broker.bootstrap_servers) as proxy:
+        env = _exactly_once_env(
+            database,
+            broker,
+            unique,
+            kafka_bootstrap_servers=proxy.bootstrap_servers,
+            kafka_producer_config='{"transaction.timeout.ms": "3000"}',
+        )
+        relay = RelayProcess(env).start()
+        try:
+            relay.wait_streaming()
+            write_transactions(database, [before])
+            _read_committed(broker.bootstrap_servers, [topic], {e.id for e in before}, 30, 0)
+            assert proxy.cut_after(relay.pid, END_TXN) > 0
+            written = _write(database, [during])
+            assert proxy.cut.wait(30), "the relay sent no EndTxn"
+            relay.wait_for_log("session ended, retrying", 30)  # it gave up on the commit
+            assert slot_confirmed_lsn(database, slot) < written, "nothing of it confirmed"
+            proxy.release()
+            written = _write(database, [after])
+            events = before + during + after
+            records = _read_committed_and_confirmed(
+                database, slot, broker, [topic], events, written
+            )
+            assert relay.stop() == 0
+            logs = relay.logs()
+        finally:
+            relay.close()
+    counts = Counter(_ids(records))
+    copies = {name: [counts[e.id] for e in batch] for name, batch in
+              (("before", before), ("during", during), ("after", after))}  # fmt: skip
+    assert all(n == 1 for batch in copies.values() for n in batch), f"{copies}\n{logs}"
+    assert "outcome is unknown" in logs, logs
+    assert _reads_back(logs) == 2, "read back at the start, and to settle the commit"
+
+
+SHUTDOWN_TIMEOUT = 5.0
+# What a stop may take past CDC_RELAY_SHUTDOWN_TIMEOUT: the abort (at most 1 s), the producer's
+# close (its purged reports: at most 1 s), the position's last write and the process's exit.
+EXIT_SLACK = 4.0
+
+
+def test_a_stop_during_a_commit_that_cannot_finish_ends_within_the_shutdown_timeout(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """SIGTERM while a commit waits for an answer that does not come (transaction.timeout.ms at
+    its default, 60 s): the relay ends within CDC_RELAY_SHUTDOWN_TIMEOUT and a few seconds,
+    confirming nothing of it; the next start settles it (fence, read-back): nothing twice, nothing
+    lost."""
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=2)
+    slot = f"slot_{unique}"
+    before = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(10)]
+    during = [new_event(aggregate_id=f"a-{i}", payload={"n": 10 + i}) for i in range(10)]
+    after = [new_event(aggregate_id=f"a-{i}", payload={"n": 20 + i}) for i in range(10)]
+    with HoldingProxy(broker.bootstrap_servers) as proxy:
+        env = _exactly_once_env(
+            database,
+            broker,
+            unique,
+            kafka_bootstrap_servers=proxy.bootstrap_servers,
+            shutdown_timeout=f"{SHUTDOWN_TIMEOUT:g}",
+        )
+        relay = RelayProcess(env).start()
+        try:
+            relay.wait_streaming()
+            write_transactions(database, [before])
+            _read_committed(broker.bootstrap_servers, [topic], {e.id for e in before}, 30, 0)
+            assert proxy.cut_after(relay.pid, END_TXN) > 0
+            written = _write(database, [during])
+            assert proxy.cut.wait(30), "the relay sent no EndTxn"
+            time.sleep(1.0)  # the commit waits for its answer
+            stopped = time.monotonic()
+            code = relay.stop(timeout=120)
+            took = time.monotonic() - stopped
+            logs = relay.logs()
+        finally:
+            relay.close()
+        print(f"\nstopped during a stuck commit: exited {code} after {took:.1f}s")
+        assert code == 0, logs
+        assert took < SHUTDOWN_TIMEOUT + EXIT_SLACK, f"{took:.1f}s\n{logs}"
+        assert slot_confirmed_lsn(database, slot) < written, "nothing of it confirmed"
+        assert "outcome is unknown" in logs, logs
+        proxy.release()
+    relay = RelayProcess(_exactly_once_env(database, broker, unique)).start()
+    try:
+        relay.wait_streaming()
+        written = _write(database, [after])
+        events = before + during + after
+        records = _read_committed_and_confirmed(database, slot, broker, [topic], events, written)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    counts = Counter(_ids(records))
+    copies = {name: [counts[e.id] for e in batch] for name, batch in
+              (("before", before), ("during", during), ("after", after))}  # fmt: skip
+    assert all(n == 1 for batch in copies.values() for n in batch), f"{copies}\n{logs}"
+    assert "reconciled with Kafka" in logs, logs
