@@ -12,10 +12,11 @@ through untouched.
 
 A request whose outcome its sender cannot learn — a Kafka transaction's commit that reached the
 broker, whose answer never came back — needs the opposite cut: :meth:`HoldingProxy.cut_after`
-lets one process's next request of a kind (``END_TXN``) through and from then on cuts that
-process off both ways (nothing more it sends arrives, no answer reaches it), as a network that
-fails right after a request left does. :meth:`HoldingProxy.release` then resets its cut
-connections (it reconnects, as after a real outage) and forwards again.
+lets one process's next request of a kind (``END_TXN``) through (or, ``arrives=False``, not even
+that one) and from then on cuts that process off both ways (nothing more it sends arrives, no
+answer reaches it), as a network that fails right after (or before) a request left does.
+:meth:`HoldingProxy.release` then resets its cut connections (it reconnects, as after a real
+outage) and forwards again.
 
 Why it speaks a little Kafka: a client connects to the addresses the brokers *advertise* in their
 metadata, not to the bootstrap address it was given, so a plain forwarder would see only the first
@@ -263,7 +264,8 @@ class _Link:
         self.kept_count = Held()
         self.requests: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
         self._on_produce = on_produce
-        self.cut_after: int | None = None  # the api key whose request passes, then cuts
+        self.cut_after: int | None = None  # the api key whose request cuts (passing, or not)
+        self.cut_arrives = True
         self.cut = False  # nothing more passes either way; closed on release
         self.on_cut: Callable[[], None] = lambda: None
 
@@ -314,9 +316,11 @@ class _Link:
             if triggered:
                 self.held, self.armed = True, False
             cutting = self.cut_after is not None and api_key == self.cut_after
-            if cutting:  # this request passes; its answer, and all after it, do not
-                self.server.sendall(frame)
+            passes = cutting and self.cut_arrives
+            if cutting:  # from this request on, nothing passes either way
                 self.cut, self.cut_after = True, None
+            if passes:
+                self.server.sendall(frame)  # it arrives; its answer does not
             elif self.held or self.cut:
                 self.kept.append(frame)
                 self.kept_count += Held(len(frame), int(api_key == PRODUCE))
@@ -346,7 +350,7 @@ class HoldingProxy:
         self._held_pid: int | None = None
         self._armed_pid: int | None = None
         self.holding = threading.Event()  # set while a hold is in effect
-        self._cut_armed: tuple[int, int] | None = None  # (pid, api key) of cut_after
+        self._cut_armed: tuple[int, int, bool] | None = None  # cut_after's (pid, api key, arrives)
         self._cut_pid: int | None = None
         self.cut = threading.Event()  # set once a cut_after took effect
         self._closed = False
@@ -380,18 +384,18 @@ class HoldingProxy:
             self.holding.set()
         return len(owned)
 
-    def cut_after(self, pid: int, api_key: int) -> int:
-        """Let process ``pid``'s next request with ``api_key`` through, then cut that process
-        off both ways until :meth:`release` (which resets its connections): what it sent last
-        arrived, and it never learns what came of it. :attr:`cut` is set when that request
-        passed. Returns how many connections of ``pid`` were found."""
+    def cut_after(self, pid: int, api_key: int, *, arrives: bool = True) -> int:
+        """Let process ``pid``'s next request with ``api_key`` through (``arrives``; else keep
+        that one too), then cut that process off both ways until :meth:`release` (which resets
+        its connections): it never learns what came of it. :attr:`cut` is set when that request
+        was sent. Returns how many connections of ``pid`` were found."""
         with self._lock:
             self.cut.clear()
-            self._cut_armed = (pid, api_key)
+            self._cut_armed = (pid, api_key, arrives)
             links = list(self._links)
         owned = self._owned_by(pid, links)
         for link in owned:
-            self._arm_cut(link, api_key)
+            self._arm_cut(link, api_key, arrives)
         return len(owned)
 
     def release(self) -> Held:
@@ -453,9 +457,9 @@ class HoldingProxy:
             link.hold()
         self.holding.set()
 
-    def _arm_cut(self, link: _Link, api_key: int) -> None:
+    def _arm_cut(self, link: _Link, api_key: int, arrives: bool) -> None:
         with link.lock:
-            link.cut_after = api_key
+            link.cut_after, link.cut_arrives = api_key, arrives
             link.on_cut = self._cut_seen
 
     def _cut_seen(self) -> None:
@@ -510,7 +514,7 @@ class HoldingProxy:
             if cut_pid is not None and self._owned_by(cut_pid, [link]):
                 link.cut_off()
             elif cut_armed is not None and self._owned_by(cut_armed[0], [link]):
-                self._arm_cut(link, cut_armed[1])
+                self._arm_cut(link, cut_armed[1], cut_armed[2])
             threading.Thread(target=self._from_client, args=(link,), daemon=True).start()
             threading.Thread(target=self._from_server, args=(link,), daemon=True).start()
 

@@ -261,3 +261,17 @@ def test_a_cut_lets_the_request_through_and_nothing_after_it_either_way(
     assert _answer(again) == 5
     again.close()
     assert (API_VERSIONS, 4) not in server.received
+
+
+def test_a_cut_before_the_request_keeps_it_too(
+    proxied: tuple[AnsweringServer, HoldingProxy],
+) -> None:
+    server, proxy = proxied
+    client = _connect(proxy)
+    assert proxy.cut_after(os.getpid(), END_TXN, arrives=False) == 1
+    client.sendall(_request(END_TXN, 1))
+    assert proxy.cut.wait(5)
+    assert _answer(client) is None
+    proxy.release()
+    assert server.received == []
+    client.close()
