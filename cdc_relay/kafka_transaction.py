@@ -220,11 +220,16 @@ class KafkaTransaction:
         """The commit ended without an answer: it may have committed. Nothing of it is released
         (confirmed); the next session settles it before it sends anything (see the module)."""
         self.resend.unsettled = True
+        reason = (
+            "stopping: CDC_RELAY_SHUTDOWN_TIMEOUT passed while the commit waited"
+            if isinstance(exc, StopSession)
+            else str(exc) or type(exc).__name__
+        )
         log.error(
             "a Kafka transaction's commit ended without an answer: its outcome is unknown; "
-            "nothing of it is confirmed, and the next session fences and reads back what "
-            "committed before it sends anything again",
-            extra={"fields": {"error": str(exc) or type(exc).__name__, "held": len(self.held)}},
+            "nothing of it is confirmed, and the next session (or start) fences and reads back "
+            "what committed before it sends anything again",
+            extra={"fields": {"error": reason, "postgresql_transactions": len(self.held)}},
         )
 
     def failed(self) -> NoReturn:
