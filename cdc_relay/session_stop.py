@@ -43,15 +43,13 @@ class StopRule:
         """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
         if self._owner.failed:
             return True
-        now = time.monotonic()
         if self.deadline is None:
-            self.deadline = now + self._timeout
             log.info("stop requested: reading on to the end of the transaction")
-        return now >= self.deadline
+        return self.expired()
 
     def expired(self) -> bool:
-        """A requested stop's deadline passed (the deadline set at the first ask, as by now();
-        a recorded failure does not cut a wait short here)."""
+        """The requested stop's deadline passed (set at the first ask; a recorded failure does
+        not cut a wait short here)."""
         now = time.monotonic()
         if self.deadline is None:
             self.deadline = now + self._timeout
