@@ -268,10 +268,12 @@ def test_a_cut_before_the_request_keeps_it_too(
 ) -> None:
     server, proxy = proxied
     client = _connect(proxy)
+    client.sendall(_request(API_VERSIONS, 1))
+    assert _answer(client) == 1  # the proxy has the connection
     assert proxy.cut_after(os.getpid(), END_TXN, arrives=False) == 1
-    client.sendall(_request(END_TXN, 1))
+    client.sendall(_request(END_TXN, 2))
     assert proxy.cut.wait(5)
     assert _answer(client) is None
     proxy.release()
-    assert server.received == []
+    assert server.received == [(API_VERSIONS, 1)]
     client.close()
