@@ -13,9 +13,9 @@ the slot before the read-back; a session that ends without a clean stop aborts i
 transaction, drops its producer, and the next one resumes at the committed position it carries,
 without a read-back (:mod:`cdc_relay.kafka_transaction`) — unless a commit's outcome is unknown:
 then the next session's new producer fences, and the read-back settles it before anything is sent
-again. What the relay cannot fix (configuration,
-prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
-whose exit code the CLI returns. The HTTP server, the metrics and the sweeper run beside.
+again. What the relay cannot fix (configuration, prerequisites, a poison record under ``stop``)
+ends :meth:`Relay.run` with the project's error, whose exit code the CLI returns. The HTTP server,
+the metrics and the sweeper run beside.
 
 The relay talks to the leadership and to the start through the Protocols below, so the unit
 tests drive its lifecycle with fakes (``tests/fakes.py``).
