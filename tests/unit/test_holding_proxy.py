@@ -5,6 +5,7 @@ connection."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -190,6 +191,11 @@ class AnsweringServer:
         self.received: list[tuple[int, int]] = []  # (api key, correlation id)
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: close alone does not
+        self.listener.close()
+
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.listener.getsockname()[1]}"
@@ -218,7 +224,7 @@ def proxied() -> Iterator[tuple[AnsweringServer, HoldingProxy]]:
     server = AnsweringServer()
     with HoldingProxy(server.address) as proxy:
         yield server, proxy
-    server.listener.close()
+    server.close()
 
 
 def _connect(proxy: HoldingProxy) -> socket.socket:
