@@ -49,6 +49,7 @@ _LOOPBACK = "127.0.0.1"
 PRODUCE = 0
 METADATA = 3
 FIND_COORDINATOR = 10
+ADD_PARTITIONS_TO_TXN = 24
 END_TXN = 26
 
 Route = Callable[[str, int], tuple[str, int]]  # a broker's address -> the proxy's for it
@@ -259,6 +260,7 @@ class _Link:
         self.key = (int(client.getpeername()[1]), int(client.getsockname()[1]))
         self.lock = threading.Lock()  # orders forwarding, holding and releasing
         self.armed = False
+        self.arm_key = PRODUCE
         self.held = False
         self.kept: list[bytes] = []  # b"" stands for the end of the client's stream
         self.kept_count = Held()
@@ -274,9 +276,9 @@ class _Link:
             self.held = True
             self.armed = False
 
-    def arm(self) -> None:
+    def arm(self, api_key: int = PRODUCE) -> None:
         with self.lock:
-            self.armed = not self.held
+            self.armed, self.arm_key = not self.held, api_key
 
     def cut_off(self) -> None:
         with self.lock:
@@ -312,7 +314,7 @@ class _Link:
                 api_key, version, correlation = struct.unpack(">hhi", frame[4:12])
                 if api_key in (METADATA, FIND_COORDINATOR):
                     self.requests[correlation] = (api_key, version)
-            triggered = self.armed and api_key == PRODUCE
+            triggered = self.armed and api_key == self.arm_key
             if triggered:
                 self.held, self.armed = True, False
             cutting = self.cut_after is not None and api_key == self.cut_after
@@ -349,6 +351,7 @@ class HoldingProxy:
         self._listeners: dict[tuple[str, int], socket.socket] = {}  # by upstream address
         self._held_pid: int | None = None
         self._armed_pid: int | None = None
+        self._armed_key = PRODUCE  # the request that makes an armed hold take effect
         self.holding = threading.Event()  # set while a hold is in effect
         self._cut_armed: tuple[int, int, bool] | None = None  # cut_after's (pid, api key, arrives)
         self._cut_pid: int | None = None
@@ -361,26 +364,28 @@ class HoldingProxy:
     def bootstrap_servers(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self._bootstrap)
 
-    def hold(self, pid: int, *, from_produce: bool = False) -> int:
+    def hold(self, pid: int, *, from_produce: bool = False, from_request: int | None = None) -> int:
         """Keep every byte process ``pid`` sends, on the connections it has and the ones it
         opens, until :meth:`release`: from now on, or (``from_produce``) from the moment it
         sends its next Produce request, that request included — a hold that certainly has
-        records in flight. :attr:`holding` is set when the hold takes effect. Returns how many
-        connections of ``pid`` were found."""
+        records in flight — or (``from_request``) its next request with that api key.
+        :attr:`holding` is set when the hold takes effect. Returns how many connections of
+        ``pid`` were found."""
+        trigger = PRODUCE if from_produce else from_request
         with self._lock:
             self.holding.clear()
-            if from_produce:
-                self._armed_pid = pid
+            if trigger is not None:
+                self._armed_pid, self._armed_key = pid, trigger
             else:
                 self._held_pid = pid
             links = list(self._links)
         owned = self._owned_by(pid, links)
         for link in owned:
-            if from_produce:
-                link.arm()
+            if trigger is not None:
+                link.arm(trigger)
             else:
                 link.hold()
-        if not from_produce:
+        if trigger is None:
             self.holding.set()
         return len(owned)
 
@@ -446,7 +451,7 @@ class HoldingProxy:
             return _LOOPBACK, int(listener.getsockname()[1])
 
     def _produce_seen(self) -> None:
-        """An armed connection sent a Produce request: hold all of the armed process's."""
+        """An armed connection sent its request: hold all of the armed process's."""
         with self._lock:
             pid, self._armed_pid = self._armed_pid, None
             if pid is None:
@@ -509,7 +514,7 @@ class HoldingProxy:
             if held_pid is not None and self._owned_by(held_pid, [link]):
                 link.hold()
             elif armed_pid is not None and self._owned_by(armed_pid, [link]):
-                link.arm()
+                link.arm(self._armed_key)
             # And one it opened while cut (or armed to be) is cut (or armed) too.
             if cut_pid is not None and self._owned_by(cut_pid, [link]):
                 link.cut_off()
