@@ -234,6 +234,14 @@ def _connect(proxy: HoldingProxy) -> socket.socket:
     return client
 
 
+def _connected(proxy: HoldingProxy) -> socket.socket:
+    """A client the proxy has answered once (it knows the connection)."""
+    client = _connect(proxy)
+    client.sendall(_request(API_VERSIONS, 1))
+    assert _answer(client) == 1
+    return client
+
+
 def _answer(client: socket.socket) -> int | None:
     """The correlation id of the next answer; None when none comes (or the connection ended)."""
     try:
@@ -247,9 +255,7 @@ def test_a_cut_lets_the_request_through_and_nothing_after_it_either_way(
     proxied: tuple[AnsweringServer, HoldingProxy],
 ) -> None:
     server, proxy = proxied
-    client = _connect(proxy)
-    client.sendall(_request(API_VERSIONS, 1))
-    assert _answer(client) == 1
+    client = _connected(proxy)
     assert proxy.cut_after(os.getpid(), END_TXN) == 1
     client.sendall(_request(API_VERSIONS, 2))  # not the request the cut waits for: passes
     assert _answer(client) == 2
@@ -273,9 +279,7 @@ def test_a_cut_before_the_request_keeps_it_too(
     proxied: tuple[AnsweringServer, HoldingProxy],
 ) -> None:
     server, proxy = proxied
-    client = _connect(proxy)
-    client.sendall(_request(API_VERSIONS, 1))
-    assert _answer(client) == 1  # the proxy has the connection
+    client = _connected(proxy)
     assert proxy.cut_after(os.getpid(), END_TXN, arrives=False) == 1
     client.sendall(_request(END_TXN, 2))
     assert proxy.cut.wait(5)
