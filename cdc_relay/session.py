@@ -207,7 +207,7 @@ class Session:
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
         self.resend = (resend or Resend()).from_position(start)  # exactly once: see .window
-        serve = partial(self.housekeeping, between_records=False)  # while a commit waits
+        serve = self.serve_while_committing
         self.window = transactional(settings, sink, self.resend, serve, self.tracker)
         if self.window is not None and self.in_kafka is None and self.resend.found:
             self.in_kafka = self.resend
@@ -554,6 +554,13 @@ class Session:
         """The loop's duties while it cannot read on (a topic being created, a full queue)."""
         self.housekeeping(between_records=False)  # a record is half-way: no split now
         if self.owner.stopping and self.stop.now():
+            raise StopSession
+
+    def serve_while_committing(self) -> None:
+        """The loop's duties while a Kafka commit waits. A stop ends the wait at its deadline
+        (the commit's outcome is then unknown: the next start settles it)."""
+        self.housekeeping(between_records=False)  # no commit or split from inside one
+        if self.owner.stopping and self.stop.expired():
             raise StopSession
 
     def wait_for_room(self) -> None:
