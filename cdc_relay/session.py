@@ -219,6 +219,7 @@ class Session:
             self.tracker,
             ensure_topic=lambda topic: self.ensure_topic(topic, event=False),
             fail=owner.fail,
+            wait_for_room=self.wait_for_dead_letter_room,
         )
         self.decode = decoder_for(settings)
         self.relations = Relations(settings)
@@ -568,6 +569,15 @@ class Session:
         self.sink.poll(0.05)
         self.handle_failures()
         self.serve_while_waiting()
+
+    def wait_for_dead_letter_room(self) -> None:
+        """The queue is full while a dead letter waits to be produced: serve the producer, and
+        stop or stand by when asked (the failures are not handled from inside the poison policy,
+        which is handling one)."""
+        self.sink.poll(0.05)
+        self.owner.require_leading()
+        if self.owner.stopping and self.stop.now():
+            raise StopSession
 
     def handle_failures(self) -> None:
         if self.window is not None:
