@@ -69,7 +69,7 @@ class FakeDatabase:
         raise AssertionError(f"unscripted query: {text}")
 
 
-ROLE_QUERY = "r.rolsuper, r.rolreplication FROM pg_roles"
+ROLE_QUERY = "r.rolsuper, r.rolreplication, "
 
 
 def first_row(
@@ -77,10 +77,14 @@ def first_row(
     wal_level: str = "logical",
     superuser: bool = False,
     replication: bool = True,
+    rds_replication: bool = False,
 ) -> dict[str, Any]:
     return {
-        ROLE_QUERY: [("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication)]
-    }
+        ROLE_QUERY: [
+            ("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication,
+             rds_replication)
+        ]
+    }  # fmt: skip
 
 
 def settings(**values: object) -> Settings:
@@ -143,7 +147,17 @@ def test_replication_role_passes_for_replication_or_superuser_and_fails_with_alt
     )
     database = FakeDatabase(first_row(replication=False))
     failed = unmet(Prerequisites(cast(Connection, database), settings()).server.replication_role)
-    assert failed.fix == "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION"
+    assert failed.fix == (
+        "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION (on Amazon RDS "
+        "and Aurora: GRANT rds_replication TO relay)"
+    )
+
+
+def test_replication_role_passes_for_a_member_of_rds_replication() -> None:
+    """RDS and Aurora stream for members of rds_replication, rolreplication false."""
+    database = FakeDatabase(first_row(replication=False, rds_replication=True))
+    server = Prerequisites(cast(Connection, database), settings()).server
+    assert server.replication_role() == "rds_replication"
 
 
 def test_a_dropped_role_stops_before_any_check() -> None:
