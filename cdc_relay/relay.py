@@ -45,6 +45,7 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.start import PostgresStart, Started, StartSequence, kafka_read_back
 from cdc_relay.sweeper import Sweeper
+from cdc_relay.waits import WaitWatch
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -129,6 +130,8 @@ class Relay:
         self._stop = threading.Event()
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
+        # Names the statements that wait on PostgreSQL, and ends them on a stop (cdc_relay.waits).
+        self.waits: WaitWatch | None = None
         self._publisher: Publisher | None = None
         # Exactly once: what the next session of this leadership must know to send again.
         self._resend: Resend | None = None
@@ -146,11 +149,12 @@ class Relay:
 
     def _start_sequence(self, leadership: Leadership) -> StartSequence:
         settings = self.settings
+        waits = self.waits = WaitWatch(settings.source_url(), lambda: self.stopping)
         return StartSequence(
             settings,
             self.stats,
             leadership,
-            connect=lambda: PostgresStart(settings, leadership),
+            connect=lambda: PostgresStart(settings, leadership, waits),
             read_back=kafka_read_back(settings, lambda: self.stopping),
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,
@@ -234,6 +238,8 @@ class Relay:
                 sweeper_thread.join(SWEEPER_JOIN_TIMEOUT)
             if server is not None:
                 server.stop()
+            if self.waits is not None:
+                self.waits.close()
             metrics.shutdown()
             self.tracing.shutdown()
 
