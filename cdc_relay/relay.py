@@ -140,16 +140,16 @@ class Relay:
         if (leadership is None) != (start is None):
             raise ValueError("give both the leadership and the start, or neither")
         if leadership is None or start is None:
-            own = Leadership(settings)
-            leadership, start = own, self._start_sequence(own)
+            self.waits = WaitWatch(settings.source_url(), lambda: self.stopping)
+            own = Leadership(settings, self.waits)
+            leadership, start = own, self._start_sequence(own, self.waits)
         self.leadership: RelayLeadership = leadership
         self.start: RelayStart = start
         self.stats.lease_valid = lambda: self.leadership.leading
         self.stats.foreign_lock_holder = self._foreign_lock_holder
 
-    def _start_sequence(self, leadership: Leadership) -> StartSequence:
+    def _start_sequence(self, leadership: Leadership, waits: WaitWatch) -> StartSequence:
         settings = self.settings
-        waits = self.waits = WaitWatch(settings.source_url(), lambda: self.stopping)
         return StartSequence(
             settings,
             self.stats,

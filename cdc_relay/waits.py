@@ -457,15 +457,18 @@ class WaitWatch:
             None if deadline is None else now + deadline,
         )
         with self._wake:
-            if self._closed:
-                raise RuntimeError("the wait watch is closed")
-            self._waits.add(wait)
-            if self._thread is None:
+            closed = self._closed
+            if not closed:
+                self._waits.add(wait)
+            if self._thread is None and not closed:
                 self._thread = threading.Thread(
                     target=self._run, name="cdc-relay-waits", daemon=True
                 )
                 self._thread.start()
             self._wake.notify()
+        if closed:  # the process is on its way out: unwatched
+            yield
+            return
         try:
             yield
         except psycopg.OperationalError as exc:
@@ -478,7 +481,8 @@ class WaitWatch:
                 self._waits.discard(wait)
 
     def close(self) -> None:
-        """End the threads (statements still watched are left alone) and the naming connection."""
+        """End the threads (statements still watched are left alone, later ones run unwatched)
+        and the naming connection."""
         with self._wake:
             self._closed = True
             self._wake.notify()

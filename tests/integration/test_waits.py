@@ -9,6 +9,9 @@ on, and that once the holder lets go the relay proceeds and delivers every event
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 
 import psycopg
@@ -16,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from cdc_relay.local.relay_process import RelayProcess as BaseRelayProcess
-from tests.conftest import KafkaBroker
+from tests.conftest import KafkaBroker, skip_if_external
 from tests.integration.relay_support import (
     RelayProcess,
     create_outbox,
@@ -236,6 +239,81 @@ def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_a
             )
             _stopped_in_time(relay)
     finally:
+        relay.close()
+    ids = list(dict.fromkeys(_ids(records)))
+    assert ids == [e.id for e in events]
+
+
+def _start_backend(database: str, stopped: list[int]) -> int:
+    """The pid of the relay's start connection's backend (its position writes, its heartbeats),
+    not one ``stopped`` already."""
+    pid = scalar(
+        database,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'cdc-relay' "
+        "AND backend_type = 'client backend' AND datname = current_database() "
+        "AND pid <> ALL(%s)",
+        stopped,
+    )
+    assert pid is not None, "the relay's start connection is not there"
+    return int(str(pid))
+
+
+def test_a_server_that_stops_answering_is_given_up_on_and_a_stop_ends_the_wait(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """The backend of the relay's position writes is stopped (SIGSTOP): the connection stands,
+    the kernel acknowledges, and nothing answers — a server's lock and statement timeouts cannot
+    fire. The blocked write is named within seconds and given up on at its deadline; the next
+    session records on a new connection and delivers every event. Stopped again, SIGTERM ends
+    the relay within the shutdown timeout plus a few seconds."""
+    skip_if_external("stops a backend of the test's own server")
+    create_outbox(database)
+    slot = f"slot_{unique}"
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=1)
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        confirm_interval="0.2",
+        idle_confirm_interval="0.3",
+        shutdown_timeout=str(SHUTDOWN_TIMEOUT),
+        reconnect_max_backoff="2",
+        log_level="INFO",
+    )
+    events = [new_event("order", "o-1", "created", {"n": n}) for n in range(6)]
+    stopped: list[int] = []
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming(START_WITHIN)
+        before = _recorded(database, slot)
+        stopped.append(_start_backend(database, stopped))
+        os.kill(stopped[-1], signal.SIGSTOP)
+        write_transactions(database, [events[:3]])
+        line = _named(relay, "")  # the first write of the record, whichever it is
+        assert "position" in line, line
+        assert "does not answer" in line, line
+        relay.wait_for_log("session ended, retrying", START_WITHIN)
+        write_transactions(database, [events[3:]])
+        records = consume_all(broker.bootstrap_servers, [topic], 6, 30, grace=1.0)
+        wait_until(
+            lambda: _recorded(database, slot) != before, START_WITHIN, "the position moved on"
+        )
+
+        stopped.append(_start_backend(database, stopped))
+        os.kill(stopped[-1], signal.SIGSTOP)
+        write_transactions(database, [[new_event("order", "o-1", "created", {"n": 6})]])
+        marker = relay.logs().count("waiting on PostgreSQL: ")
+        wait_until(
+            lambda: relay.logs().count("waiting on PostgreSQL: ") > marker,
+            START_WITHIN,
+            "the blocked write named again",
+        )
+        _stopped_in_time(relay)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         relay.close()
     ids = list(dict.fromkeys(_ids(records)))
     assert ids == [e.id for e in events]
