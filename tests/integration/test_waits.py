@@ -144,6 +144,11 @@ def test_an_open_transaction_holding_up_the_slot_is_named_and_a_stop_ends_the_wa
             _stopped_in_time(relay)
         finally:
             relay.close()
+        # No relay running: the slot is not there, and the transaction its creation would wait
+        # for is named.
+        checked = failed(cdc_relay(env, "check")).get("waits", "")
+        assert f"pid {pid} (role {role}, application 'forgotten psql'" in checked, checked
+        assert f"creating slot slot_{unique} waits until it ends" in checked, checked
 
         relay = RelayProcess(env).start()
         try:
@@ -208,6 +213,9 @@ def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_a
             assert f"pid {pid} (role postgres, application 'owner psql'" in line, line
             assert "a row of cdc_relay.slot_position" in line or "transaction" in line, line
             assert f"pg_terminate_backend({pid})" in line, line
+            checked = failed(cdc_relay(env, "check")).get("waits", "")
+            assert f"pid {pid} (role postgres, application 'owner psql'" in checked, checked
+            assert f"row lock on slot {slot}'s position record" in checked, checked
             # The write gives up; the sessions after it cannot record either, and say why.
             wait_until(
                 lambda: relay.logs().count("session ended, retrying") >= 2,
