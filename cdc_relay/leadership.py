@@ -77,7 +77,9 @@ TERMINATE_WAIT_MS = 2000  # pg_terminate_backend(pid, timeout): wait until the b
 # locked by another session) ends early enough to be retried a few times before the lease ends.
 RENEWAL_TIMEOUT_SHARE = 0.25
 STANDBY_TIMEOUT = 5.0  # statement_timeout of a standby's statements (the terminations: 2 x 2 s)
-RELEASE_WAIT = 10.0  # seconds release() waits for the thread; longer: exit without releasing
+# Seconds release() waits for the thread (its statements end within ~3 s of a stop: see
+# cdc_relay.waits); a thread still waiting then is left, and the lease released by its expiry.
+RELEASE_WAIT = 5.0
 LEASE_MEANS = (
     "the leader lease cannot be read or written while this is held; a leader whose renewals "
     "keep failing loses the leadership when its lease runs out"
