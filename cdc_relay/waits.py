@@ -11,8 +11,8 @@ waiting in silence looks healthy. So:
   runs, the lock it holds. Any role may read these, but another role's state and transaction start
   show only to its members and to ``pg_read_all_stats``: they are then reported as hidden.
 - :class:`WaitWatch` watches the statements run inside :meth:`WaitWatch.watching`. One that has
-  run for ``notice_after`` seconds (:data:`NOTICE_AFTER`, or half its ``deadline``) is named in a
-  WARNING — what waits, what it waits for, who holds it, what that means and how to end it — and
+  run for ``notice_after`` seconds (:data:`NOTICE_AFTER`; the start passes half its lock timeout
+  when that is shorter, so that the holder is still there to name) is named in a WARNING — what waits, what it waits for, who holds it, what that means and how to end it — and
   again every :data:`REPEAT_INTERVAL` while it lasts. A statement still running
   :data:`STOP_GRACE` after a stop was requested, or past its ``deadline``, is cancelled; a server
   that does not act on the cancel within :data:`CANCEL_GRACE` has the connection's socket shut,
@@ -31,8 +31,9 @@ the same table):
 - creating the slot waits as long as the transactions it waits for run (a retry would start
   waiting afresh), named, and cancelled by a stop;
 - ``setup`` waits for its DDL and the slot, named; Ctrl-C or SIGTERM ends it;
-- the leader lease's statements have their own ``statement_timeout`` (:mod:`cdc_relay.leadership`),
-  and so have the sweeper's (:mod:`cdc_relay.sweeper`).
+- the leader lease's statements have their own ``statement_timeout``, and are watched with a
+  deadline a little past it (:mod:`cdc_relay.leadership`); the sweeper's have their own lock and
+  statement timeouts (:mod:`cdc_relay.sweeper`).
 
 ``python -m cdc_relay check`` reports what would hold the relay up now (:func:`held_up_by`).
 """
