@@ -12,12 +12,13 @@ waiting in silence looks healthy. So:
   show only to its members and to ``pg_read_all_stats``: they are then reported as hidden.
 - :class:`WaitWatch` watches the statements run inside :meth:`WaitWatch.watching`. One that has
   run for ``notice_after`` seconds (:data:`NOTICE_AFTER`; the start passes half its lock timeout
-  when that is shorter, so that the holder is still there to name) is named in a WARNING — what waits, what it waits for, who holds it, what that means and how to end it — and
-  again every :data:`REPEAT_INTERVAL` while it lasts. A statement still running
-  :data:`STOP_GRACE` after a stop was requested, or past its ``deadline``, is cancelled; a server
-  that does not act on the cancel within :data:`CANCEL_GRACE` has the connection's socket shut,
-  so the statement fails at once even on a server that does not answer. Such a failure, and a
-  server-side lock timeout, surface as SourceUnavailable naming the blockers last seen.
+  when that is shorter, so that the holder is still there to name) is named in a WARNING — what
+  waits, what it waits for, who holds it, what that means and how to end it — and again every
+  :data:`REPEAT_INTERVAL` while it lasts. A statement still running :data:`STOP_GRACE` after a
+  stop was requested, or past its ``deadline``, is cancelled; a server that does not act on the
+  cancel within :data:`CANCEL_GRACE` has the connection's socket shut, so the statement fails at
+  once even on a server that does not answer. Such a failure, and a server-side lock timeout,
+  surface as SourceUnavailable naming the blockers last seen.
 
 Which wait is bounded by what (the operators' page, ``docs/operations/waits-and-locks.md``, has
 the same table):

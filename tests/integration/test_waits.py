@@ -174,16 +174,12 @@ def _recorded(database: str, slot: str) -> str:
     )
 
 
-def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_and_loses_nothing(
+def _confirming_relay(
     database: str, broker: KafkaBroker, unique: str
-) -> None:
-    """An owner's open psql holds the position record's row (``SELECT ... FOR UPDATE``): the
-    blocked write is named (pid, role, application) within seconds and gives up after its lock
-    timeout; the leader keeps its lease, streams nothing more while it cannot record, and goes on
-    once the lock is gone, delivering every event; SIGTERM ends it within the shutdown timeout
-    plus a few seconds while it is blocked."""
+) -> tuple[str, str, dict[str, str]]:
+    """An outbox, the relay's slot name, its one-partition topic, and settings that confirm (and
+    so write the position record) every fraction of a second and retry sessions soon."""
     create_outbox(database)
-    slot = f"slot_{unique}"
     topic = f"{unique}.order"
     broker.create_topic(topic, partitions=1)
     env = relay_env(
@@ -196,6 +192,18 @@ def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_a
         reconnect_max_backoff="2",
         log_level="INFO",
     )
+    return f"slot_{unique}", topic, env
+
+
+def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_and_loses_nothing(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """An owner's open psql holds the position record's row (``SELECT ... FOR UPDATE``): the
+    blocked write is named (pid, role, application) within seconds and gives up after its lock
+    timeout; the leader keeps its lease, streams nothing more while it cannot record, and goes on
+    once the lock is gone, delivering every event; SIGTERM ends it within the shutdown timeout
+    plus a few seconds while it is blocked."""
+    slot, topic, env = _confirming_relay(database, broker, unique)
     events = [new_event("order", "o-1", "created", {"n": n}) for n in range(9)]
     lock_row = sql.SQL("SELECT * FROM cdc_relay.slot_position WHERE slot_name = {} FOR UPDATE")
     relay = RelayProcess(env).start()
@@ -275,20 +283,7 @@ def test_a_server_that_stops_answering_is_given_up_on_and_a_stop_ends_the_wait(
     session records on a new connection and delivers every event. Stopped again, SIGTERM ends
     the relay within the shutdown timeout plus a few seconds."""
     skip_if_external("stops a backend of the test's own server")
-    create_outbox(database)
-    slot = f"slot_{unique}"
-    topic = f"{unique}.order"
-    broker.create_topic(topic, partitions=1)
-    env = relay_env(
-        database,
-        broker.bootstrap_servers,
-        unique,
-        confirm_interval="0.2",
-        idle_confirm_interval="0.3",
-        shutdown_timeout=str(SHUTDOWN_TIMEOUT),
-        reconnect_max_backoff="2",
-        log_level="INFO",
-    )
+    slot, topic, env = _confirming_relay(database, broker, unique)
     events = [new_event("order", "o-1", "created", {"n": n}) for n in range(6)]
     stopped: list[int] = []
     relay = RelayProcess(env).start()
