@@ -140,7 +140,9 @@ class Relay:
         if (leadership is None) != (start is None):
             raise ValueError("give both the leadership and the start, or neither")
         if leadership is None or start is None:
-            self.waits = WaitWatch(settings.source_url(), lambda: self.stopping)
+            self.waits = WaitWatch(
+                settings.source_url(), lambda: self.stopping, waiting=self._waiting_on_database
+            )
             own = Leadership(settings, self.waits)
             leadership, start = own, self._start_sequence(own, self.waits)
         self.leadership: RelayLeadership = leadership
@@ -159,6 +161,11 @@ class Relay:
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,
         )
+
+    def _waiting_on_database(self) -> None:
+        """A statement waits on PostgreSQL, watched (cdc_relay.waits: named, bounded or ended by
+        a stop): the relay is waiting, not stuck."""
+        self.stats.last_loop = time.monotonic()
 
     def _foreign_lock_holder(self) -> dict[str, object] | None:
         found = self.leadership.foreign_holder

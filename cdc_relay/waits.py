@@ -408,10 +408,14 @@ class WaitWatch:
         stopping: Callable[[], bool] = lambda: False,
         *,
         connect: Callable[[str], Connection] | None = None,
+        waiting: Callable[[], None] = lambda: None,
     ) -> None:
         self._url = database_url
         self._stopping = stopping
         self._connect = connect
+        # Called while statements are watched: the relay counts a named wait as waiting, not as
+        # stuck (its /healthz stays up: a liveness restart would only begin the wait again).
+        self._waiting = waiting
         self._waits: set[_Wait] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -515,6 +519,8 @@ class WaitWatch:
                 now = time.monotonic()
                 if stop_seen is None and self._stopping():
                     stop_seen = now
+                if self._waits:
+                    self._waiting()
                 # Under the lock: a statement's block cannot end (nor the next statement on its
                 # connection begin) while it is cancelled, so a cancel never hits another one.
                 for wait in list(self._waits):

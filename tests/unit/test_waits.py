@@ -236,3 +236,15 @@ def test_a_closed_watch_runs_statements_unwatched() -> None:
     watch.close()
     with watch.watching(cast(Any, _Watched()), "late", "m"):
         pass
+
+
+def test_a_watched_wait_counts_as_waiting_not_stuck() -> None:
+    """While a statement is watched the relay hears of it (its /healthz stays up)."""
+    heard = threading.Event()
+    watch = WaitWatch(
+        "postgresql://unused", connect=lambda _url: cast(Any, _Namer([])), waiting=heard.set
+    )
+    try:
+        _run(watch, _Watched(), lambda: _until(heard.is_set, "not heard of"), notice_after=10)
+    finally:
+        watch.close()
