@@ -45,6 +45,7 @@ STATE_COLUMNS = {
         "system_identifier",
         "timeline_id",
         "row_filters",
+        "sweep_horizons",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }

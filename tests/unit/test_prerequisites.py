@@ -95,8 +95,12 @@ def settings(**values: object) -> Settings:
     return Settings.model_validate(base)
 
 
+# The partitioned outbox tables and whether the publication publishes them as their root.
+PARTITIONED = "pubviaroot FROM pg_publication"
+
+
 def checks(answers: Answers, **values: object) -> Prerequisites:
-    database = FakeDatabase({**first_row(), **answers})
+    database = FakeDatabase({**first_row(), PARTITIONED: [], **answers})
     return Prerequisites(cast(Connection, database), settings(**values))
 
 
@@ -284,7 +288,8 @@ def test_publication_fails_for_all_tables_with_the_replacement_in_one_transactio
     assert failed.fix.startswith("outbox_pub publishes ALL TABLES (Debezium's default)")
     assert failed.fix.endswith(
         'BEGIN; DROP PUBLICATION outbox_pub; CREATE PUBLICATION "outbox_pub" FOR TABLE '
-        '"public"."outbox" WITH (publish = \'insert\'); COMMIT;'
+        '"public"."outbox" WITH (publish = \'insert\', publish_via_partition_root = true); '
+        "COMMIT;"
     )
 
 
