@@ -47,6 +47,7 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.start import PostgresStart, Started, StartSequence, kafka_read_back
 from cdc_relay.sweeper import Sweeper
+from cdc_relay.waits import WaitWatch
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -131,6 +132,8 @@ class Relay:
         self._stop = threading.Event()
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
+        # Names the statements that wait on PostgreSQL, and ends them on a stop (cdc_relay.waits).
+        self.waits: WaitWatch | None = None
         self._publisher: Publisher | None = None
         # Exactly once: what the next session of this leadership must know to send again.
         self._resend: Resend | None = None
@@ -139,24 +142,32 @@ class Relay:
         if (leadership is None) != (start is None):
             raise ValueError("give both the leadership and the start, or neither")
         if leadership is None or start is None:
-            own = Leadership(settings)
-            leadership, start = own, self._start_sequence(own)
+            self.waits = WaitWatch(
+                settings.source_url(), lambda: self.stopping, waiting=self._waiting_on_database
+            )
+            own = Leadership(settings, self.waits)
+            leadership, start = own, self._start_sequence(own, self.waits)
         self.leadership: RelayLeadership = leadership
         self.start: RelayStart = start
         self.stats.lease_valid = lambda: self.leadership.leading
         self.stats.foreign_lock_holder = self._foreign_lock_holder
 
-    def _start_sequence(self, leadership: Leadership) -> StartSequence:
+    def _start_sequence(self, leadership: Leadership, waits: WaitWatch) -> StartSequence:
         settings = self.settings
         return StartSequence(
             settings,
             self.stats,
             leadership,
-            connect=lambda: PostgresStart(settings, leadership),
+            connect=lambda: PostgresStart(settings, leadership, waits),
             read_back=kafka_read_back(settings, lambda: self.stopping),
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,
         )
+
+    def _waiting_on_database(self) -> None:
+        """A statement waits on PostgreSQL, watched (cdc_relay.waits: named, bounded or ended by
+        a stop): the relay is waiting, not stuck."""
+        self.stats.last_loop = time.monotonic()
 
     def _foreign_lock_holder(self) -> dict[str, object] | None:
         found = self.leadership.foreign_holder
@@ -236,6 +247,8 @@ class Relay:
                 sweeper_thread.join(SWEEPER_JOIN_TIMEOUT)
             if server is not None:
                 server.stop()
+            if self.waits is not None:
+                self.waits.close()
             metrics.shutdown()
             self.tracing.shutdown()
 

@@ -239,6 +239,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "slot",
         "messages",
         "leadership",
+        "waits",
         "failover",
         "broker",
         "topics",

@@ -479,6 +479,7 @@ def test_report_names_every_check_in_the_order_check_prints_them() -> None:
         "slot",
         "messages",
         "leadership",
+        "waits",
         "failover",
         "wal2json",
     ]
