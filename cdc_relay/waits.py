@@ -424,6 +424,10 @@ class WaitWatch:
         self._namer: Connection | None = None
         self._namer_lock = threading.Lock()
 
+    def stop_requested(self) -> bool:
+        """A stop was asked for (what others that wait on the server without a watch ask)."""
+        return self._stopping()
+
     def for_connection(
         self, conn: Connection, deadline: float | None = None, notice_after: float = NOTICE_AFTER
     ) -> Watched:

@@ -179,13 +179,13 @@ class PostgresStart:
             return promotion_note(self._conn, self._settings, slot, recorded)
 
     def timeline(self) -> Timeline:
-        return timeline(self._url)
+        return timeline(self._url, self._deadline)
 
     def timeline_start(self, timeline_id: int, since: int) -> int | None:
-        return timeline_start(self._url, timeline_id, since=since)
+        return timeline_start(self._url, timeline_id, since=since, answer_timeout=self._deadline)
 
     def history_switches(self, timeline_id: int) -> list[tuple[int, int]]:
-        return history_switches(timeline_history(self._url, timeline_id))
+        return history_switches(timeline_history(self._url, timeline_id, self._deadline))
 
     def open_stream(self, start: int) -> ReplicationStream:
         settings = self._settings
@@ -195,6 +195,8 @@ class PostgresStart:
             start,
             plugin_options_for(settings),
             coalesce=settings.read_coalesce_ms / 1000,
+            stopping=self._waits.stop_requested,
+            answer_timeout=self._deadline,
         )
         stream.open()
         return stream
