@@ -35,15 +35,17 @@ from cdc_relay.config import (
     redact_url,
     unknown_variables,
 )
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.patterns import compile_pattern
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config, error_name
 from cdc_relay.replication.source import Connection, connect, scalar
 from cdc_relay.transactional_id import transactional_id
+from cdc_relay.waits import MAX_WRITE_WAIT, lock_timeout_statement
 
 Output = Callable[[str], None]
 
-EXIT_CHECK_FAILED = 1
+EXIT_CHECK_FAILED = ExitCode.FAILED
 BROKER_TIMEOUT = 5.0
 # init_transactions: a new cluster's coordinator first creates its transaction log.
 TRANSACTIONS_TIMEOUT = 10.0
@@ -56,7 +58,7 @@ def check(settings: Settings, out: Output = print_line) -> int:
     """Run every check, print one line each (escaped: details quote what the database holds,
     such as the lease's holder); 0 when all passed."""
     lines = run_checks(settings, lambda line: out(str(line)))
-    return 0 if all(line.ok for line in lines) else EXIT_CHECK_FAILED
+    return ExitCode.OK if all(line.ok for line in lines) else EXIT_CHECK_FAILED
 
 
 def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[CheckResult]:
@@ -73,6 +75,8 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
 
     def connection() -> str:
         connected.append(connect(url))
+        # No check waits for a lock for long: one held is reported (the waits line), not waited on.
+        connected[0].execute(lock_timeout_statement(MAX_WRITE_WAIT))
         user = scalar(connected[0], "SELECT current_user")
         return f"{redact_url(settings.database_url.get_secret_value())} as {user}"
 

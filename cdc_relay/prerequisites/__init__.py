@@ -3,8 +3,9 @@
 The checks are grouped by what they check, one module each: the server and the role
 (:mod:`.server`), the outbox tables (:mod:`.tables`), the publication (:mod:`.publication`), the
 slot (:mod:`.slot`), the state tables and leadership (:mod:`.state`), table-less messages
-(:mod:`.messages`). Each returns what it found (an ``ok`` line's detail) or raises :class:`Unmet`
-with what to do about it. :class:`Prerequisites` holds them all on one connection:
+(:mod:`.messages`), locks and transactions the relay would wait for (:mod:`.waits`). Each
+returns what it found (an ``ok`` line's detail) or raises :class:`Unmet` with what to do about it.
+:class:`Prerequisites` holds them all on one connection:
 
 * the relay's start (and ``setup``) calls :func:`require`: the prerequisites it cannot stream
   without (server, role, tables, an existing publication's coverage), in order, stopping at the
@@ -28,6 +29,7 @@ import psycopg
 
 from cdc_relay.config import Settings
 from cdc_relay.errors import RelayError
+from cdc_relay.postgres_errors import message
 from cdc_relay.prerequisites.messages import MessageChecks
 from cdc_relay.prerequisites.probe import Probe, Unmet
 from cdc_relay.prerequisites.publication import PublicationChecks
@@ -35,6 +37,7 @@ from cdc_relay.prerequisites.server import ServerChecks
 from cdc_relay.prerequisites.slot import SlotChecks
 from cdc_relay.prerequisites.state import StateChecks
 from cdc_relay.prerequisites.tables import TableChecks
+from cdc_relay.prerequisites.waits import WaitChecks
 from cdc_relay.replication.source import Connection, SlotState
 
 __all__ = [
@@ -69,8 +72,10 @@ def outcome(name: str, probe: Check) -> CheckResult | None:
         detail = probe()
     except Unmet as exc:
         return CheckResult(name, False, exc.fix)
-    except (RelayError, psycopg.Error) as exc:
+    except RelayError as exc:
         return CheckResult(name, False, str(exc).strip())
+    except psycopg.Error as exc:
+        return CheckResult(name, False, message(exc))
     return None if detail is None else CheckResult(name, True, detail)
 
 
@@ -86,6 +91,7 @@ class Prerequisites:
         self.slot = SlotChecks(probe)
         self.state = StateChecks(probe)
         self.messages = MessageChecks(probe)
+        self.waits = WaitChecks(probe)
 
     def report(self) -> list[tuple[str, Check]]:
         """What ``check`` runs, named, in the order it prints them."""
@@ -105,6 +111,7 @@ class Prerequisites:
             ("slot", slot.slot),
             ("messages", self.messages.messages),
             ("leadership", state.leadership),
+            ("waits", self.waits.waits),
             ("failover", slot.failover),
             ("wal2json", slot.wal2json),
         ]
