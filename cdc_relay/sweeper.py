@@ -40,7 +40,11 @@ Guards, checked every pass before anything is deleted:
   the relay's filter was never published;
 - a table is swept only while the relay's publication publishes its inserts (rows of a table the
   relay does not stream are never "published", whatever the recorded position says), and only
-  when it has a row key that is unique (the delete names rows by it).
+  when it has a row key that is unique (the delete names rows by it);
+- nothing is swept while the publication and the outbox tables are not what the relay verified
+  and recorded with its position (:mod:`cdc_relay.publication_stamp`): the relay records no
+  position past a change, and the start after one takes the sweep boundary afresh; until then,
+  rows committed since may never have been streamed.
 
 The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
 the position that covers it: a relay restarted with another filter takes a new boundary, so rows
@@ -72,6 +76,7 @@ from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_filter import find_mismatch
+from cdc_relay.publication_stamp import sweep_refusal
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
 from cdc_relay.replication.source import connect
@@ -581,6 +586,9 @@ class Sweeper:
                 "this version records them when it starts; nothing is swept until then"
                 for t in tables
             }
+        stamped = sweep_refusal(conn, record.publication_stamp if record is not None else None)
+        if stamped is not None:
+            return {t.table: stamped for t in tables}
         refused = {d.table.table: d.describe(several) for d in found}
         mismatch = find_mismatch(conn, self.settings.publication_name, tables)
         if mismatch is not None:

@@ -26,6 +26,14 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS timeline_id integer
 -- The row filters the relay relays with (a JSON object: table -> condition, null for none), set
 -- at its start: the sweeper deletes only rows of these filters, and refuses to sweep with others.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS row_filters jsonb;
+-- What the relay verified its publication and outbox tables to be at its start (the identities
+-- of their catalog rows): every write of confirmed_lsn requires them unchanged, so no position
+-- is recorded past WAL decoded under another publication; the sweeper deletes nothing while
+-- they differ. And the oldest transaction running at the last write that found them so: after a
+-- change, rows of transactions from it on may never have been streamed; the next start names
+-- them and takes sweep_from_xid afresh.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS publication_stamp jsonb;
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS stamp_checked_xid xid8;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

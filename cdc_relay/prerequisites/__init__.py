@@ -27,7 +27,7 @@ from functools import partial
 import psycopg
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import RelayError
+from cdc_relay.errors import RelayError, SourceUnavailable
 from cdc_relay.prerequisites.messages import MessageChecks
 from cdc_relay.prerequisites.probe import Probe, Unmet
 from cdc_relay.prerequisites.publication import PublicationChecks
@@ -35,6 +35,7 @@ from cdc_relay.prerequisites.server import ServerChecks
 from cdc_relay.prerequisites.slot import SlotChecks
 from cdc_relay.prerequisites.state import StateChecks
 from cdc_relay.prerequisites.tables import TableChecks
+from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.replication.source import Connection, SlotState
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Unmet",
     "outcome",
     "require",
+    "require_streamed",
     "require_usable_slot",
 ]
 
@@ -132,6 +134,30 @@ def require(conn: Connection, settings: Settings) -> None:
         log.warning(
             "table-less messages are off, yet outbox_emit exists: what it writes is not relayed",
             extra={"fields": {"fix": "set CDC_RELAY_MESSAGES=true if writers use it"}},
+        )
+
+
+def require_streamed(conn: Connection, settings: Settings) -> None:
+    """What decides which rows the slot streams, verified once the start has made what it makes
+    (:mod:`cdc_relay.publication_stamp` reads the stamp first): each outbox table is a table,
+    the publication exists and covers every outbox table's inserts and columns, with the row
+    filters the settings say. SourceSetupError at the first unmet one; SourceUnavailable (start
+    again) when the filters differ from those the start has just set."""
+    checks = Prerequisites(conn, settings)
+    steps: list[tuple[str, Callable[[], object]]] = [
+        (f"table {t.table}", partial(checks.outbox.table_kind, t)) for t in checks.tables
+    ]
+    steps.append(("publication", checks.publication.publication_streams))
+    for name, probe in steps:
+        try:
+            probe()
+        except Unmet as exc:
+            raise exc.error(f"{name}: {exc.fix}") from None
+    mismatch = find_mismatch(conn, settings.publication_name, checks.tables)
+    if mismatch is not None:
+        raise SourceUnavailable(
+            f"publication {mismatch.publication}'s row filters changed while the relay started "
+            f"({mismatch.describe()}): starting again"
         )
 
 

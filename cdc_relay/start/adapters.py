@@ -10,8 +10,16 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.leadership import Leadership, terminate_backend
-from cdc_relay.prerequisites import require, require_usable_slot
+from cdc_relay.prerequisites import require, require_streamed, require_usable_slot
 from cdc_relay.publication_filter import FilterMismatch
+from cdc_relay.publication_stamp import (
+    Change,
+    PublicationStamp,
+    StampQuery,
+    parse,
+    read_stamp,
+    unrelayed_changes,
+)
 from cdc_relay.record_origin import history_switches
 from cdc_relay.replication.failover import ensure_failover, promotion_note, wants_failover
 from cdc_relay.replication.source import (
@@ -78,6 +86,10 @@ class PostgresStart:
             settings.plugin.value,
         )
         self._heartbeats = Heartbeats(self._conn)
+        # One store: once verified (see StartSequence.prepare) its writes check the publication.
+        self._store = PostgresCheckpointStore(
+            self._conn, settings.state_schema, settings.slot_name, holder=leadership.holder
+        )
 
     def require(self) -> None:
         require(self._conn, self._settings)
@@ -91,12 +103,25 @@ class PostgresStart:
     def ensure_row_filters(self) -> FilterMismatch | None:
         return self._source.ensure_row_filters()
 
+    def publication_stamp(self) -> PublicationStamp:
+        settings = self._settings
+        query = StampQuery.of(
+            settings.plugin,
+            settings.publication_name,
+            settings.tables(),
+            self._conn.info.server_version,
+        )
+        stamp = read_stamp(self._conn, query)
+        # After the read: what is verified is what the stamp's later checks prove unchanged.
+        require_streamed(self._conn, settings)
+        return stamp
+
+    def unrelayed(self, recorded: object, found: PublicationStamp) -> list[Change]:
+        return unrelayed_changes(self._conn, parse(recorded), found)
+
     def store(self) -> PostgresCheckpointStore:
         """The position record, written only while this process holds the leader lease."""
-        settings = self._settings
-        return PostgresCheckpointStore(
-            self._conn, settings.state_schema, settings.slot_name, holder=self._leadership.holder
-        )
+        return self._store
 
     def slot(self) -> SlotState | None:
         return slot_state(self._conn, self._settings.slot_name)
