@@ -575,8 +575,9 @@ class Sweeper:
         return record
 
     def _refused(self, conn: Connection, record: Record | None) -> dict[str, str]:
-        """Per table, why this sweeper's row filter is not the one the relay relays it with:
-        the relay's recorded filters and, on PostgreSQL 15+, the publication's."""
+        """Per table, why this sweeper's row filter is not the one the relay relays it with (the
+        relay's recorded filters and, on PostgreSQL 15+, the publication's), or why nothing may
+        be swept (the publication is not the one the relay recorded with its position)."""
         tables = [s.table for s in self._tables]
         several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
         found = differences(record.row_filters if record is not None else None, tables)
@@ -586,9 +587,6 @@ class Sweeper:
                 "this version records them when it starts; nothing is swept until then"
                 for t in tables
             }
-        stamped = sweep_refusal(conn, record.publication_stamp if record is not None else None)
-        if stamped is not None:
-            return {t.table: stamped for t in tables}
         refused = {d.table.table: d.describe(several) for d in found}
         mismatch = find_mismatch(conn, self.settings.publication_name, tables)
         if mismatch is not None:
@@ -600,6 +598,9 @@ class Sweeper:
                     f"{'row filter ' + text if text else 'no row filter'}, and this sweeper's "
                     f"row filter is {mine}: the relay sets the publication's at its start",
                 )
+        stamped = sweep_refusal(conn, record.publication_stamp if record is not None else None)
+        for table in tables if stamped is not None else ():
+            refused.setdefault(table.table, str(stamped))
         return refused
 
     # -- plumbing ----------------------------------------------------------------------------

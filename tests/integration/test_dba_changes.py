@@ -545,3 +545,42 @@ def test_the_documented_role_notices_a_change(
         finally:
             relay.close()
         assert set(gap) <= run.remaining() | reader.event_ids()
+
+
+# -- an upgrade ----------------------------------------------------------------------------------
+
+
+def test_a_state_table_from_before_the_stamp_gains_it_and_names_nothing(
+    run: Run, reader: BackgroundReader
+) -> None:
+    """A record written by an earlier version (no stamp): the relay (here as the table's owner)
+    adds the columns, takes the publication it verifies as the recorded one without naming any
+    row, and sweeps as before once it has recorded it."""
+    relay = run.relay()
+    try:
+        relay.wait_streaming()
+        _arrive(reader, run.write(2))
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    run.ddl(  # as the earlier version left it
+        "ALTER TABLE cdc_relay.slot_position DROP COLUMN publication_stamp, "
+        "DROP COLUMN stamp_checked_xid"
+    )
+    later = run.write(2)
+    relay = run.relay()
+    try:
+        relay.wait_streaming()
+        _arrive(reader, later)
+        wait_until(lambda: not run.remaining(), 20, "the published rows swept")
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    _not_named(relay)
+    recorded = scalar(
+        run.database,
+        "SELECT publication_stamp->>'publication' FROM cdc_relay.slot_position "
+        "WHERE slot_name = %s",
+        run.slot,
+    )
+    assert recorded == run.publication
