@@ -393,7 +393,7 @@ class PostgresCheckpointStore:
             return change_error(
                 self._conn, verified, now, None if resume_at is None else format_lsn(resume_at)
             )
-        except psycopg.Error:
+        except (psycopg.Error, RelayError):  # the connection went too: said without detail
             return change_error(None, verified, now, None)
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:

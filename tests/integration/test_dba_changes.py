@@ -491,6 +491,31 @@ def test_a_change_made_while_the_relay_was_stopped_is_named_at_its_start(
         relay.close()
 
 
+def test_a_change_between_setup_and_the_first_start_is_named(
+    run: Run, reader: BackgroundReader
+) -> None:
+    """``setup`` creates the slot (rows are streamed from then on) and records the publication
+    it verified with the slot's position, as the relay does: a change before the relay's first
+    start is named by it, and nothing sweeps the rows of the meantime."""
+    result = cdc_relay(run.env, "setup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run.ddl(f"ALTER PUBLICATION {run.publication} DROP TABLE outbox")
+    gap = run.write(2)
+    run.ddl(f"ALTER PUBLICATION {run.publication} ADD TABLE outbox")
+    after = run.write(2)
+    relay = run.relay()
+    try:
+        relay.wait_streaming()
+        _arrive(reader, after)
+        assert _within(run.xmins(gap), _named(relay))
+        time.sleep(1.5)  # passes of the relay's sweeper
+        assert set(gap) <= run.remaining(), "a named row was swept"
+        assert relay.stop() == 0
+    finally:
+        relay.close()
+    assert not set(gap) & reader.event_ids()
+
+
 def test_an_unchanged_publication_names_nothing_and_sweeps_as_before(
     run: Run, reader: BackgroundReader
 ) -> None:
