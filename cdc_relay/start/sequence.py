@@ -381,6 +381,7 @@ class StartSequence:
             since=record.updated_at,
         )
         log.error(message, extra={"fields": fields})
+        self.stats.rows_in_doubt = fields
 
     def _trusted_position(self, database: StartDatabase, record: Record) -> tuple[int | None, bool]:
         """The recorded position, refused (PositionMismatch, exit 4, before anything streams or

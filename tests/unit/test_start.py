@@ -238,6 +238,7 @@ def test_a_publication_changed_since_the_record_names_the_rows_and_keeps_them_fr
     fields = named.__dict__["fields"]
     assert (fields["from_xid"], fields["to_xid"]) == (700, 1000)
     assert "public.outbox was dropped from publication cdc_relay_outbox" in fields["changes"]
+    assert sequence.stats.rows_in_doubt == fields  # and /status shows it
     assert database.recorded_stamp == database.publication.data  # the next start names nothing
 
 
