@@ -9,4 +9,4 @@ gc.disable()
 
 from cdc_relay.cli import main  # noqa: E402 - after the collector is paused
 
-sys.exit(main())
+sys.exit(main(prog="python -m cdc_relay"))

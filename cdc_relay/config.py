@@ -15,7 +15,7 @@ import string
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any
 
 import orjson
 from psycopg import sql
@@ -25,13 +25,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from cdc_relay import database_url
+from cdc_relay.bounds import DAY, HOUR, Bounds, seconds
 from cdc_relay.column_transform import ColumnTransform, compile_transform
 from cdc_relay.connection_defaults import source_url
 from cdc_relay.database_url import redact_url
@@ -74,58 +74,7 @@ _ENFORCED_PRODUCER_PROPERTIES = {"enable.idempotence": "true", "acks": "all"}
 SETTING_FILE_MAX_BYTES = 64 * 1024
 
 
-class Bounds(NamedTuple):
-    """The values a duration setting accepts, in its own unit."""
-
-    low: float
-    high: float
-    off: bool = False  # 0 is accepted too, and turns the feature off
-    unit: str = "seconds"
-    above_low: bool = False  # low itself is refused (any value above it is fine)
-
-    def admits(self, value: float) -> bool:
-        above = self.low < value if self.above_low else self.low <= value
-        return (self.off and value == 0) or (above and value <= self.high)
-
-    def describe(self) -> str:
-        low, high = _number(self.low), _number(self.high)
-        if self.above_low:
-            span = f"more than {low} and at most {high} {self.unit}"
-        else:
-            span = f"between {low} and {high} {self.unit}"
-        return f"0 (off) or {span}" if self.off else span
-
-
-def _number(value: float) -> str:
-    """1.0 -> ``1``, 316224000.0 -> ``316224000`` (not ``3.16224e+08``), 0.01 -> ``0.01``."""
-    return str(int(value)) if value.is_integer() else f"{value:g}"
-
-
-_HOUR = 3600.0
-_DAY = 24 * _HOUR
-# Every duration setting's bounds, in one place. Finite, so that no value means "never" and every
-# timer can wait that long (threading's waits raise OverflowError beyond threading.TIMEOUT_MAX,
-# about 292 years); at least a few milliseconds where less would spin a loop (a renewal, a
-# sweep, a log line) thousands of times a second. A confirmation happens only when the loop wakes
-# for something else, so any positive interval is fine.
-DURATION_BOUNDS: dict[str, Bounds] = {
-    "confirm_interval": Bounds(0.0, _HOUR, above_low=True),
-    "idle_confirm_interval": Bounds(0.0, _HOUR, above_low=True),
-    "reconcile_timeout": Bounds(0.1, _HOUR),
-    "read_coalesce_ms": Bounds(0.0, 1000.0, unit="milliseconds"),
-    "shutdown_timeout": Bounds(0.0, _HOUR),
-    "delivery_stall_timeout": Bounds(1.0, _DAY),
-    "reconnect_max_backoff": Bounds(0.01, _HOUR),
-    "leader_lease_timeout": Bounds(1.0, _HOUR),
-    "leader_renew_interval": Bounds(0.01, _HOUR / 2),
-    "sweep_interval": Bounds(0.01, _DAY, off=True),
-    "sweep_retention_seconds": Bounds(0.0, 3660 * _DAY),  # ten years and then some
-    "heartbeat_interval": Bounds(0.1, _DAY, off=True),
-    "ready_max_lag_seconds": Bounds(0.1, 7 * _DAY),
-    "progress_interval": Bounds(0.1, _DAY),
-    "transaction_interval": Bounds(0.001, 60.0),
-}
-SWEEP_WAIT_BOUNDS = Bounds(0.0, _DAY)  # sweep --once --wait
+SWEEP_WAIT_BOUNDS = seconds(0.0, DAY)  # sweep --once --wait
 
 
 class PoisonPolicy(StrEnum):
@@ -449,13 +398,6 @@ def _optional_condition(value: str | None) -> str | None:
     return None if value is None else check_condition(value)
 
 
-def _check_duration(value: float, info: ValidationInfo) -> float:
-    bounds = DURATION_BOUNDS[str(info.field_name)]
-    if not bounds.admits(value):
-        raise ValueError(bounds.describe())
-    return value
-
-
 def _check_time_zone(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_+\-/:.]{1,64}", value):
         raise ValueError("a time zone name such as UTC or Europe/Berlin")
@@ -620,7 +562,9 @@ def _conditions_set_per_table(settings: Settings) -> Settings:
 
 
 class Settings(BaseSettings):
-    """All of cdc-relay's settings. Field docs double as ``--help`` text and README rows."""
+    """All of cdc-relay's settings. A field's description, default and bounds are what
+    ``cdc-relay settings`` and the configuration reference say
+    (:mod:`cdc_relay.settings_reference`); its part of the relay is in :data:`SETTING_PARTS`."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -632,7 +576,7 @@ class Settings(BaseSettings):
     )
 
     database_url: SecretStr = Field(
-        description="libpq URI or key=value string of the source database (required)."
+        description="libpq URI or key=value string of the source database."
     )
     database_url_file: Path | None = Field(
         None,
@@ -641,17 +585,20 @@ class Settings(BaseSettings):
             "CDC_RELAY_DATABASE_URL."
         ),
     )
-    kafka_bootstrap_servers: str = Field(
-        min_length=1, description="Kafka bootstrap servers, host:port[,host:port] (required)."
+    kafka_bootstrap_servers: str | None = Field(
+        None,
+        min_length=1,
+        description="Kafka bootstrap servers, host:port[,host:port]; run and check need them.",
     )
     outbox_table: str = Field("public.outbox", description="Outbox table, schema-qualified.")
     outbox_columns: OutboxColumns = Field(
         default_factory=OutboxColumns,
         description=(
             'Column names of the outbox table as JSON, e.g. {"aggregate_type": "aggregatetype"}; '
-            "also topic, key, header_columns, and the mapping options topic_from, key_from, value, "
-            "additional_placement, expand_json_payload, tombstone_on_empty_payload (README: "
-            "Adopting an existing outbox)."
+            "also topic, key, header_columns, the mapping options topic_from, key_from, value, "
+            "additional_placement, expand_json_payload, tombstone_on_empty_payload (docs: "
+            "Adopting an existing outbox), and row_key, the unique columns the sweeper deletes "
+            "by (default: the primary key)."
         ),
     )
     outbox_tables: tuple[OutboxTable, ...] = Field(
@@ -684,7 +631,10 @@ class Settings(BaseSettings):
         description="Prefix of transactional logical messages (pg_logical_emit_message) to relay.",
     )
     slot_name: str = Field("cdc_relay", description="Logical replication slot name.")
-    publication_name: str = Field("cdc_relay_outbox", description="Publication name.")
+    publication_name: str = Field(
+        "cdc_relay_outbox",
+        description="Publication of the outbox tables (inserts only), created if missing.",
+    )
     plugin: Plugin = Field(
         Plugin.PGOUTPUT,
         description="Output plugin: pgoutput (built in, binary) or wal2json (format-version 2).",
@@ -731,31 +681,33 @@ class Settings(BaseSettings):
             "on older servers) or false."
         ),
     )
-    confirm_interval: float = Field(
-        1.0, gt=0, description="Seconds between confirmations of the acknowledged position."
+    confirm_interval: Annotated[float, seconds(0.0, HOUR, above_low=True)] = Field(
+        1.0, description="Seconds between confirmations of the acknowledged position."
     )
-    idle_confirm_interval: float = Field(
-        10.0, gt=0, description="Seconds between confirmations that only follow an idle WAL."
+    idle_confirm_interval: Annotated[float, seconds(0.0, HOUR, above_low=True)] = Field(
+        10.0,
+        description=(
+            "Seconds between confirmations that only follow the WAL (other tables' writes, no "
+            "events)."
+        ),
     )
     exactly_once: bool = Field(
         False,
         description=(
             "Publish inside Kafka transactions fenced by the slot: consumers reading with "
             "isolation.level=read_committed see each event once, even after a paused leader "
-            "wakes. Needs a broker that allows transactions (README: Exactly once)."
+            "wakes. Needs a broker that allows transactions (docs: Exactly once)."
         ),
     )
-    transaction_interval: float = Field(
+    transaction_interval: Annotated[float, seconds(0.001, 60.0)] = Field(
         0.05,
         description=(
             "With CDC_RELAY_EXACTLY_ONCE: seconds a Kafka transaction stays open at most; it "
             "commits at the first PostgreSQL transaction boundary after that."
         ),
     )
-    transaction_max_events: int = Field(
+    transaction_max_events: Annotated[int, Bounds(1, 1_000_000)] = Field(
         10_000,
-        ge=1,
-        le=1_000_000,
         description=(
             "With CDC_RELAY_EXACTLY_ONCE: events in one Kafka transaction at most; it commits at "
             "the first PostgreSQL transaction boundary after that."
@@ -769,71 +721,69 @@ class Settings(BaseSettings):
             "crash or restart). false: re-publish the unconfirmed tail (at-least-once)."
         ),
     )
-    reconcile_timeout: float = Field(
+    reconcile_timeout: Annotated[float, seconds(0.1, HOUR)] = Field(
         10.0,
-        gt=0,
         description=(
             "Seconds the start-up read-back may take; not finished in time, it skips nothing."
         ),
     )
-    read_coalesce_ms: float = Field(
+    read_coalesce_ms: Annotated[float, Bounds(0.0, 1000.0, unit="milliseconds")] = Field(
         2.0,
-        ge=0,
-        le=1000,
         description=(
             "After a wake-up that brought data, milliseconds to let more arrive before reading "
             "again: fewer wake-ups (CPU) for at most this much added latency. 0 reads at once."
         ),
     )
-    shutdown_timeout: float = Field(
-        30.0, ge=0, description="Seconds to wait for in-flight deliveries on shutdown."
+    shutdown_timeout: Annotated[float, seconds(0.0, HOUR)] = Field(
+        30.0, description="Seconds to wait for in-flight deliveries on shutdown."
     )
-    delivery_stall_timeout: float = Field(
+    delivery_stall_timeout: Annotated[float, seconds(1.0, DAY)] = Field(
         60.0,
-        gt=0,
         description="Seconds without any delivery progress before the producer is rebuilt.",
     )
-    reconnect_max_backoff: float = Field(
-        30.0, gt=0, description="Upper bound of the reconnect backoff, seconds."
+    reconnect_max_backoff: Annotated[float, seconds(0.01, HOUR)] = Field(
+        30.0, description="Upper bound of the reconnect backoff, seconds."
     )
-    leader_lease_timeout: float = Field(
+    leader_lease_timeout: Annotated[float, seconds(1.0, HOUR)] = Field(
         15.0,
-        gt=0,
-        le=3600,
         description=(
             "Seconds a leader's lease lasts without renewal: a standby takes over from a hung "
             "leader (stopped, or cut off with its connections open) this long after its last "
             "renewal. At least twice the renew interval."
         ),
     )
-    leader_renew_interval: float = Field(
-        2.0, gt=0, description="Seconds between the leader's renewals of its lease."
+    leader_renew_interval: Annotated[float, seconds(0.01, HOUR / 2)] = Field(
+        2.0, description="Seconds between the leader's renewals of its lease."
     )
-    producer_queue_max_messages: int = Field(
-        20_000, ge=1, description="Records in flight to Kafka before reading pauses."
+    producer_queue_max_messages: Annotated[int, Bounds(1)] = Field(
+        20_000, description="Records in flight to Kafka before reading pauses."
     )
-    producer_queue_max_kbytes: int = Field(
-        65_536, ge=1, description="Kilobytes buffered in the producer before reading pauses."
+    producer_queue_max_kbytes: Annotated[int, Bounds(1)] = Field(
+        65_536, description="Kilobytes buffered in the producer before reading pauses."
     )
     missing_topics: MissingTopics = Field(
         MissingTopics.CREATE,
         description="A topic that does not exist: create it, or fail (never a broker auto-create).",
     )
-    topic_partitions: int = Field(3, ge=1, description="Partitions of topics the relay creates.")
-    topic_replication_factor: int = Field(
-        -1, ge=-1, description="Replication factor of topics the relay creates; -1: broker default."
+    topic_partitions: Annotated[int, Bounds(1)] = Field(
+        3, description="Partitions of topics the relay creates."
     )
-    sweep_interval: float = Field(
+    topic_replication_factor: Annotated[
+        int, Bounds(1, special=-1, special_means="the broker's default")
+    ] = Field(-1, description="Replication factor of topics the relay creates; -1: broker default.")
+    sweep_interval: Annotated[float, seconds(0.01, DAY, special=0)] = Field(
         5.0,
-        ge=0,
         description=(
             "Seconds between the starts of sweeps of published outbox rows (a sweep spreads its "
             "statements over 60 % of it); 0 disables."
         ),
     )
-    sweep_batch_size: int = Field(1000, ge=1, description="Rows deleted per sweep transaction.")
-    sweep_retention_seconds: float = Field(
-        0.0, ge=0, description="Keep published rows at least this long (audit, debugging)."
+    sweep_batch_size: Annotated[int, Bounds(1)] = Field(
+        1000, description="Rows deleted per sweep transaction."
+    )
+    # Ten years and then some.
+    sweep_retention_seconds: Annotated[float, seconds(0.0, 3660 * DAY)] = Field(
+        0.0, description="Keep published rows at least this long (audit, debugging)."
     )
     sweep_condition: str | None = Field(
         None,
@@ -850,29 +800,31 @@ class Settings(BaseSettings):
             "is written in, for sweep retention; timestamptz columns need none."
         ),
     )
-    heartbeat_interval: float = Field(
+    heartbeat_interval: Annotated[float, seconds(0.1, DAY, special=0)] = Field(
         0.0,
-        ge=0,
         description="Seconds between heartbeat messages that keep the slot moving; 0 disables.",
     )
-    http_port: int = Field(
-        8080, ge=0, le=65535, description="Port of /healthz /readyz /metrics /status; 0 disables."
+    http_port: Annotated[int, Bounds(1, 65535, special=0)] = Field(
+        8080, description="Port of /healthz /readyz /metrics /status; 0 disables."
     )
     http_host: str = Field(
         "0.0.0.0",  # noqa: S104 - a sidecar is probed from outside its container
         description="Address the HTTP server listens on, e.g. 127.0.0.1 for local probes only.",
     )
-    ready_max_lag_seconds: float = Field(
-        60.0, gt=0, description="/readyz fails while the relay lags more than this."
+    ready_max_lag_seconds: Annotated[float, seconds(0.1, 7 * DAY)] = Field(
+        60.0, description="/readyz fails while the relay lags more than this."
     )
     traceparent_column: str = Field(
         "traceparent",
         description="Outbox column of a W3C traceparent (Debezium's tracingspancontext works too).",
     )
-    progress_interval: float = Field(
-        5.0, gt=0, description="Seconds between progress lines while catching up on a backlog."
+    progress_interval: Annotated[float, seconds(0.1, DAY)] = Field(
+        5.0, description="Seconds between progress lines while catching up on a backlog."
     )
-    log_format: LogFormat = Field(LogFormat.PLAIN, description="Log lines: plain or json.")
+    log_format: LogFormat = Field(
+        LogFormat.PLAIN,
+        description="Log lines: plain (key=value) or json, one line per event of note.",
+    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
     topic_allowlist: str | None = Field(
         None,
@@ -882,9 +834,8 @@ class Settings(BaseSettings):
             "are refused like an invalid topic (dead-letter or stop). Unset: any legal topic name."
         ),
     )
-    max_created_topics: int = Field(
+    max_created_topics: Annotated[int, Bounds(0)] = Field(
         100,
-        ge=0,
         description=(
             "Topics the relay creates for events (CDC_RELAY_MISSING_TOPICS=create) before it "
             "refuses records for further new topics, per process (afresh at each start: only "
@@ -895,7 +846,6 @@ class Settings(BaseSettings):
     # The rules (functions above the class), in the order they run. Each setting's own:
     _secrets_from_files = model_validator(mode="before")(_read_secret_files)
     _condition = field_validator("outbox_row_filter", "sweep_condition")(_optional_condition)
-    _duration = field_validator(*DURATION_BOUNDS)(_check_duration)
     _time_zone = field_validator("sweep_time_zone")(_check_time_zone)
     _allowlist = field_validator("topic_allowlist")(_check_allowlist)
     _database_url = field_validator("database_url")(_check_database_url)
@@ -947,7 +897,7 @@ class Settings(BaseSettings):
     def producer_config(self) -> dict[str, str]:
         """The librdkafka configuration: safe defaults, then the user's, then what must hold."""
         config = {
-            "bootstrap.servers": self.kafka_bootstrap_servers,
+            "bootstrap.servers": self.kafka_bootstrap_servers or "",
             "linger.ms": "5",
             "compression.type": "lz4",
             "queue.buffering.max.messages": str(self.producer_queue_max_messages),
@@ -974,8 +924,103 @@ class Settings(BaseSettings):
         return data
 
 
+class Part(StrEnum):
+    """The part of the relay a setting configures: a section of the configuration reference and
+    of ``cdc-relay settings``."""
+
+    SOURCE = "Source: PostgreSQL, the slot and the publication"
+    MAPPING = "Mapping: outbox rows to Kafka records"
+    DELIVERY = "Delivery: Kafka, topics and refused records"
+    DUPLICATES = "Duplicates and exactly once"
+    POSITION = "Position: confirmations and stopping"
+    LEADERSHIP = "Leadership: standby relays"
+    SWEEP = "Sweep: deleting published rows"
+    HTTP = "HTTP: health, readiness, metrics"
+    LOGGING = "Logging"
+    OTHER = "Other"  # a setting not yet placed in a part below (a test says which)
+
+
+# Every setting in its part, in the order the reference shows them. A new setting belongs here
+# too; until it is, the reference shows it under Other and a test names it.
+SETTING_PARTS: dict[Part, tuple[str, ...]] = {
+    Part.SOURCE: (
+        "database_url",
+        "database_url_file",
+        "plugin",
+        "slot_name",
+        "publication_name",
+        "slot_failover",
+        "state_schema",
+        "heartbeat_interval",
+        "reconnect_max_backoff",
+        "read_coalesce_ms",
+    ),
+    Part.MAPPING: (
+        "outbox_table",
+        "outbox_columns",
+        "outbox_tables",
+        "outbox_row_filter",
+        "topic_template",
+        "messages",
+        "message_prefix",
+        "traceparent_column",
+    ),
+    Part.DELIVERY: (
+        "kafka_bootstrap_servers",
+        "kafka_producer_config",
+        "kafka_producer_config_file",
+        "producer_queue_max_messages",
+        "producer_queue_max_kbytes",
+        "delivery_stall_timeout",
+        "poison_policy",
+        "dead_letter_topic",
+        "missing_topics",
+        "topic_partitions",
+        "topic_replication_factor",
+        "topic_allowlist",
+        "max_created_topics",
+    ),
+    Part.DUPLICATES: (
+        "reconcile",
+        "reconcile_timeout",
+        "exactly_once",
+        "transaction_interval",
+        "transaction_max_events",
+    ),
+    Part.POSITION: (
+        "confirm_interval",
+        "idle_confirm_interval",
+        "shutdown_timeout",
+        "allow_slot_reset",
+    ),
+    Part.LEADERSHIP: ("leader_lease_timeout", "leader_renew_interval"),
+    Part.SWEEP: (
+        "sweep_interval",
+        "sweep_batch_size",
+        "sweep_retention_seconds",
+        "sweep_condition",
+        "sweep_time_zone",
+    ),
+    Part.HTTP: ("http_port", "http_host", "ready_max_lag_seconds"),
+    Part.LOGGING: ("log_format", "log_level", "progress_interval"),
+}
+
+# Settings only some commands need (the rest need what has no default): the commands by name.
+REQUIRED_BY: dict[str, tuple[str, ...]] = {"kafka_bootstrap_servers": ("run", "check")}
+
+
 def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
+
+
+def setting_bounds() -> dict[str, Bounds]:
+    """Every bounded setting's :class:`~cdc_relay.bounds.Bounds`, as declared on its field."""
+    return {
+        name: bound
+        for name, field in Settings.model_fields.items()
+        for bound in field.metadata
+        if isinstance(bound, Bounds)
+    }
 
 
 # CDC_RELAY_ variables the project reads that are not settings: the build's switches (setup.py,
@@ -1197,27 +1242,56 @@ def redact_properties(props: dict[str, str]) -> dict[str, str]:
 
 def load_settings(**overrides: Any) -> Settings:
     """Build Settings from env/.env plus explicit overrides; invalid input -> one ConfigError."""
+    return settings_for("run", overrides)
+
+
+def settings_for(command: str, overrides: dict[str, Any]) -> Settings:
+    """:func:`load_settings` for ``command``, which may need settings others do without
+    (:data:`REQUIRED_BY`): a missing one is named with any other problem."""
     check_dotenv()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    needed = [name for name, commands in REQUIRED_BY.items() if command in commands]
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = Settings(**given)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            reason = "is required" if error["type"] == "missing" else error["msg"]
-            reason = reason.removeprefix("Value error, ")
-            if error["loc"]:
-                # Where inside a JSON setting: "CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: …"
-                inner = "".join(
-                    f"[{part}]" if isinstance(part, int) else f".{part}"
-                    for part in error["loc"][1:]
-                ).lstrip(".")
-                where = f"{inner}: " if inner else ""
-                problems.append(f"{env_name(str(error['loc'][0]))}: {where}{reason}")
-            else:  # a rule between settings: its message names them
-                problems.append(reason)
+        problems = _problems(exc)
+        configured = {name.upper() for name in configured_names()}
+        problems += [
+            f"{env_name(name)}: is required by {command}"
+            for name in needed
+            if name not in given and env_name(name) not in configured
+        ]
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except SettingsError as exc:
         # Raised when a complex value (a JSON object) cannot be parsed at all.
         match = re.search(r'field "(\w+)"', str(exc))
         field = env_name(match.group(1)) if match else "a setting"
         raise ConfigError(f"invalid configuration: {field}: not valid JSON") from None
+    missing = [name for name in needed if getattr(settings, name) is None]
+    if missing:
+        raise ConfigError(
+            "invalid configuration: "
+            + "; ".join(f"{env_name(name)}: is required by {command}" for name in missing)
+        )
+    return settings
+
+
+# pydantic's words for an error type, where ours say it better.
+_REASONS = {"missing": "is required", "string_too_short": "must not be empty"}
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    """One line per error pydantic found, naming the setting (and where inside a JSON one)."""
+    problems = []
+    for error in exc.errors():
+        reason = _REASONS.get(error["type"], error["msg"]).removeprefix("Value error, ")
+        if error["loc"]:
+            # Where inside a JSON setting: "CDC_RELAY_OUTBOX_TABLES: [0].columns.key_from: …"
+            inner = "".join(
+                f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"][1:]
+            ).lstrip(".")
+            where = f"{inner}: " if inner else ""
+            problems.append(f"{env_name(str(error['loc'][0]))}: {where}{reason}")
+        else:  # a rule between settings: its message names them
+            problems.append(reason)
+    return problems

@@ -14,17 +14,19 @@ Messages are written for operators and never contain secrets.
 
 from __future__ import annotations
 
+from cdc_relay.exit_codes import ExitCode
+
 
 class RelayError(Exception):
     """Base class of every error cdc-relay raises on purpose."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
 
 
 class ConfigError(RelayError):
     """The configuration is invalid; the message names the setting."""
 
-    exit_code = 2
+    exit_code = ExitCode.CONFIGURATION
 
 
 class SourceError(RelayError):
@@ -38,7 +40,7 @@ class SourceUnavailable(SourceError):
 class SourceSetupError(SourceError):
     """A prerequisite is missing (wal_level, privilege, table, ...): an operator must act."""
 
-    exit_code = 3
+    exit_code = ExitCode.PREREQUISITE
 
 
 class SlotInUse(SourceSetupError):
@@ -63,7 +65,7 @@ class LeadershipLost(SourceError):
 class PositionMismatch(SourceError):
     """The slot and the relay's record of its position disagree in a way that can lose events."""
 
-    exit_code = 4
+    exit_code = ExitCode.POSITION
 
 
 class SinkError(RelayError):
@@ -77,13 +79,13 @@ class SinkUnavailable(SinkError):
 class PoisonRecordError(SinkError):
     """A record Kafka refuses permanently, under the ``stop`` policy."""
 
-    exit_code = 5
+    exit_code = ExitCode.POISON
 
 
 class ProtocolError(SourceError):
     """The server sent something the relay cannot interpret; stopping is the only safe choice."""
 
-    exit_code = 6
+    exit_code = ExitCode.PROTOCOL
 
 
 class StopSession(Exception):

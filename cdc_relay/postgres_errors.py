@@ -14,6 +14,10 @@ table at first start, a privilege ``check`` reports).
 Connection attempts are sorted here too (:func:`connect_error`): besides the SQLSTATE, libpq's own
 client-side refusals (an impossible connection option) have no SQLSTATE and are told by their
 message.
+
+What psycopg says becomes one line (:func:`message`): libpq writes a hint after a line break and a
+tab, wraps it, and gives one line per host it tried; a report or a log line would show those as
+escapes (``\\n\\t``).
 """
 
 from __future__ import annotations
@@ -92,7 +96,32 @@ def kind_of(
 def error_for(exc: psycopg.Error, during: During, doing: str = "") -> SourceError:
     """``exc`` as the project's error; its message ``doing: <psycopg's>``, or psycopg's alone."""
     kind = kind_of(exc.sqlstate, during, type(exc))
-    return kind(f"{doing}: {exc}" if doing else str(exc))
+    return kind(f"{doing}: {message(exc)}" if doing else message(exc))
+
+
+def message(exc: psycopg.Error) -> str:
+    """What psycopg says about ``exc``, as one line (:func:`one_line`)."""
+    return one_line(str(exc))
+
+
+def one_line(text: str) -> str:
+    """libpq's (or the server's) message with its line breaks taken out.
+
+    A line indented and starting in lower case continues the wrapped sentence before it and is
+    joined with a space; any other line (a hint, the next host tried, a DETAIL) after a ``"; "``.
+    """
+    joined = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if not joined:
+            joined = line
+        elif raw[:1].isspace() and line[:1].islower():
+            joined += " " + line
+        else:
+            joined += "; " + line
+    return joined
 
 
 @contextmanager
@@ -157,7 +186,7 @@ def connect_error(message: str, sqlstate: str | None, url: str, doing: str) -> R
     ConfigError (exit 2) for a connection string libpq refuses, SourceSetupError (exit 3) for a
     server that refuses this role or database, SourceUnavailable (retried) for the rest.
     """
-    text = scrub(message.strip(), url)
+    text = one_line(scrub(message, url))
     kind = connect_failure_kind(text, sqlstate)
     if kind == "config":
         return ConfigError(f"invalid configuration: CDC_RELAY_DATABASE_URL: {doing}: {text}")

@@ -74,7 +74,7 @@ from cdc_relay.config import OutboxTable, Settings, env_name
 from cdc_relay.errors import PositionMismatch, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
-from cdc_relay.postgres_errors import During, error_for
+from cdc_relay.postgres_errors import During, error_for, message
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.publication_stamp import sweep_refusal
 from cdc_relay.record_origin import problem, refusal
@@ -388,10 +388,12 @@ class Sweeper:
             result = self._sweep(conn, select)
         except psycopg.OperationalError as exc:
             self.close()
-            raise SourceUnavailable(f"sweeper lost its database connection: {exc}") from None
+            raise SourceUnavailable(
+                f"sweeper lost its database connection: {message(exc)}"
+            ) from None
         except psycopg.Error as exc:  # e.g. statement_timeout: try again later
             self.close()
-            raise SourceUnavailable(f"sweep failed: {str(exc).strip()}") from None
+            raise SourceUnavailable(f"sweep failed: {message(exc)}") from None
         self.rows_waiting = result.waiting
         self.last_sweep_at = time.time()
         return result

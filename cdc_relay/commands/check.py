@@ -35,6 +35,7 @@ from cdc_relay.config import (
     redact_url,
     unknown_variables,
 )
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.patterns import compile_pattern
 from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config, error_name
@@ -43,7 +44,7 @@ from cdc_relay.transactional_id import transactional_id
 
 Output = Callable[[str], None]
 
-EXIT_CHECK_FAILED = 1
+EXIT_CHECK_FAILED = ExitCode.FAILED
 BROKER_TIMEOUT = 5.0
 # init_transactions: a new cluster's coordinator first creates its transaction log.
 TRANSACTIONS_TIMEOUT = 10.0
@@ -56,7 +57,7 @@ def check(settings: Settings, out: Output = print_line) -> int:
     """Run every check, print one line each (escaped: details quote what the database holds,
     such as the lease's holder); 0 when all passed."""
     lines = run_checks(settings, lambda line: out(str(line)))
-    return 0 if all(line.ok for line in lines) else EXIT_CHECK_FAILED
+    return ExitCode.OK if all(line.ok for line in lines) else EXIT_CHECK_FAILED
 
 
 def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[CheckResult]:

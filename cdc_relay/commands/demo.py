@@ -35,6 +35,7 @@ from cdc_relay.config import Settings
 from cdc_relay.ddl import OUTBOX_SQL, packaged_sql
 from cdc_relay.demo_writer import AGGREGATE_TYPE, run_writer
 from cdc_relay.errors import RelayError
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.postgres_binaries import find_bindir
 from cdc_relay.logs import configure
@@ -63,8 +64,8 @@ POSTGRES_MISSING = (
     "(or point CDC_RELAY_POSTGRES_BINDIR at the bin directory of an existing installation)"
 )
 
-EXIT_OK = 0
-EXIT_FAILED = 1
+EXIT_OK = ExitCode.OK
+EXIT_FAILED = ExitCode.FAILED
 
 
 def broker_installed() -> bool:
@@ -98,10 +99,10 @@ def main(args: argparse.Namespace) -> int:
         rate = DEFAULT_RATE
     if events is not None and events < 1:
         print("cdc-relay demo: --events must be at least 1", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIGURATION
     if rate <= 0:
         print("cdc-relay demo: --rate must be positive", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIGURATION
     problem = preflight()
     if problem is not None:
         print(problem, file=sys.stderr)
@@ -168,7 +169,7 @@ class Demo:
             # A second Ctrl-C during shutdown: cut it short. The services' watchdogs and atexit
             # handlers still stop them and delete their directories.
             print("cdc-relay demo: interrupted", file=sys.stderr)
-            return 130
+            return ExitCode.INTERRUPTED
 
     def _run(self) -> int:
         self.say("cdc-relay demo: PostgreSQL -> cdc-relay -> Kafka, all on this machine")

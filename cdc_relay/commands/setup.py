@@ -18,6 +18,7 @@ from cdc_relay.commands.output import print_line
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings
 from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, emit_function_ddl, emit_privileges_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites import Prerequisites, Unmet, require, require_streamed
 from cdc_relay.publication_filter import FilterMismatch, find_mismatch
@@ -56,7 +57,7 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
                 "for the default single-table configuration only; create "
                 f"{', '.join(t.table for t in settings.tables())} yourself and run setup "
                 "without it",
-                2,
+                ExitCode.CONFIGURATION,
             )
         with connect(settings.source_url()) as conn:
             _Setup(conn, settings, out).run(create_outbox)
@@ -66,7 +67,7 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
     except RelayError as exc:
         out(f"FAIL {exc}")
         return exc.exit_code
-    return 0
+    return ExitCode.OK
 
 
 class _Setup:

@@ -22,6 +22,7 @@ from cdc_relay.checkpoint import LEASE_TABLE, STATE_TABLE
 from cdc_relay.commands.output import printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.leadership import application_name
 from cdc_relay.replication.source import connect
 
@@ -158,4 +159,4 @@ def main(settings: Settings, relay_host: str = "127.0.0.1") -> int:
     else:
         for key, value in live.items():
             print(f"relay.{printable(key, 100)}: {printable(value)}")
-    return 0 if database["slot_exists"] else 1
+    return ExitCode.OK if database["slot_exists"] else ExitCode.FAILED

@@ -17,6 +17,7 @@ from types import FrameType
 from cdc_relay.commands.output import LINE_LIMIT, print_line, printable
 from cdc_relay.config import Settings
 from cdc_relay.errors import ConfigError, RelayError, SourceSetupError
+from cdc_relay.exit_codes import ExitCode
 from cdc_relay.sweeper import Sweeper
 
 
@@ -32,7 +33,7 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
             for line in result.describe():
                 print_line(line)  # names filters read from the database
             # A row filter that is not the relay's: nothing of those tables was deleted.
-            return SourceSetupError.exit_code if result.refused else 0
+            return SourceSetupError.exit_code if result.refused else ExitCode.OK
         if settings.sweep_interval <= 0:
             raise ConfigError("CDC_RELAY_SWEEP_INTERVAL is 0 (sweeping disabled); use --once")
     except RelayError as exc:
@@ -46,4 +47,4 @@ def sweep(settings: Settings, once: bool, wait: float) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     sweeper.run(stop)
-    return 0
+    return ExitCode.OK

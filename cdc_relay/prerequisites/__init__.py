@@ -28,6 +28,7 @@ import psycopg
 
 from cdc_relay.config import Settings
 from cdc_relay.errors import RelayError, SourceUnavailable
+from cdc_relay.postgres_errors import message
 from cdc_relay.prerequisites.messages import MessageChecks
 from cdc_relay.prerequisites.probe import Probe, Unmet
 from cdc_relay.prerequisites.publication import PublicationChecks
@@ -71,8 +72,10 @@ def outcome(name: str, probe: Check) -> CheckResult | None:
         detail = probe()
     except Unmet as exc:
         return CheckResult(name, False, exc.fix)
-    except (RelayError, psycopg.Error) as exc:
+    except RelayError as exc:
         return CheckResult(name, False, str(exc).strip())
+    except psycopg.Error as exc:
+        return CheckResult(name, False, message(exc))
     return None if detail is None else CheckResult(name, True, detail)
 
 

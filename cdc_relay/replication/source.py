@@ -18,7 +18,7 @@ from cdc_relay.config import OutboxTable
 from cdc_relay.ddl import create_publication_statement, publication_ddl
 from cdc_relay.errors import SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import parse_lsn
-from cdc_relay.postgres_errors import connect_error
+from cdc_relay.postgres_errors import connect_error, message
 from cdc_relay.publication_filter import (
     FilterMismatch,
     find_mismatch,
@@ -211,7 +211,7 @@ def retained_wal(conn: Connection, slot_name: str) -> int | None:
             (slot_name,),
         ).fetchone()
     except psycopg.OperationalError as exc:
-        raise SourceUnavailable(f"cannot read the slot's retained WAL: {exc}") from None
+        raise SourceUnavailable(f"cannot read the slot's retained WAL: {message(exc)}") from None
     return int(str(row[0])) if row and row[0] is not None else None
 
 
@@ -270,7 +270,7 @@ def emit_heartbeat(conn: Connection) -> None:
     try:
         conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
     except psycopg.OperationalError as exc:
-        raise SourceUnavailable(f"cannot emit a heartbeat: {exc}") from None
+        raise SourceUnavailable(f"cannot emit a heartbeat: {message(exc)}") from None
 
 
 class Heartbeats:

@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 from cdc_relay.database_url import scrub
 from cdc_relay.errors import ProtocolError, SlotInUse, SourceSetupError, SourceUnavailable
 from cdc_relay.lsn import format_lsn, parse_lsn
-from cdc_relay.postgres_errors import During, connect_error, kind_of
+from cdc_relay.postgres_errors import During, connect_error, kind_of, message
 from cdc_relay.replication.protocol import standby_status_update
 
 APPLICATION_NAME = "cdc-relay"
@@ -116,7 +116,7 @@ class ReplicationStream:
         try:
             size, data = conn.get_copy_data(1)
         except psycopg.OperationalError as exc:
-            raise SourceUnavailable(f"replication connection lost: {exc}") from None
+            raise SourceUnavailable(f"replication connection lost: {message(exc)}") from None
         if size > 0:
             return data
         if size == 0:
@@ -154,7 +154,7 @@ class ReplicationStream:
                     self._doublings -= 1
                     conn.consume_input()
             except psycopg.OperationalError as exc:
-                raise SourceUnavailable(f"replication connection lost: {exc}") from None
+                raise SourceUnavailable(f"replication connection lost: {message(exc)}") from None
         return self._fed
 
     def send_status(self, written: int, flushed: int, reply: bool = False) -> None:
@@ -163,7 +163,7 @@ class ReplicationStream:
             conn.put_copy_data(standby_status_update(written, flushed, flushed, reply=reply))
             conn.flush()
         except psycopg.OperationalError as exc:
-            raise SourceUnavailable(f"replication connection lost: {exc}") from None
+            raise SourceUnavailable(f"replication connection lost: {message(exc)}") from None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -6,22 +6,28 @@ is replaced by a stub.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cdc_relay import __version__, cli
+from cdc_relay import DOCS_URL, __version__, cli
 from cdc_relay.cli import build_parser, main, settings_from_args
-from cdc_relay.config import Settings
+from cdc_relay.commands.catalog import COMMANDS
+from cdc_relay.config import Settings, env_name
 from cdc_relay.errors import ConfigError
+from cdc_relay.exit_codes import EXIT_CODES, ExitCode
 
 DB_PASSWORD = "hunter2-db-Pw"
 SASL_PASSWORD = "s3cret-sasl-Pw"
 DB_URL = f"postgresql://relay:{DB_PASSWORD}@db.example/app"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -67,21 +73,27 @@ def test_version_through_main(capsys: pytest.CaptureFixture[str], no_run: None) 
     assert __version__ in capsys.readouterr().out
 
 
-def test_help_lists_settings_with_their_variables(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(["run", "--help"])
-    assert info.value.code == 0
+def test_the_settings_command_lists_every_setting_with_its_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["settings"]) == 0
     out = capsys.readouterr().out
     for flag, env in [
-        ("--slot-name", "CDC_RELAY_SLOT_NAME"),
-        ("--database-url", "CDC_RELAY_DATABASE_URL"),
-        ("--allow-slot-reset", "CDC_RELAY_ALLOW_SLOT_RESET"),
-        ("--kafka-property", "CDC_RELAY_KAFKA_PRODUCER_CONFIG"),
+        ("--slot-name NAME", "CDC_RELAY_SLOT_NAME"),
+        ("--database-url URL", "CDC_RELAY_DATABASE_URL"),
+        ("--allow-slot-reset, --no-allow-slot-reset", "CDC_RELAY_ALLOW_SLOT_RESET"),
+        ("--kafka-property KEY=VALUE", "CDC_RELAY_KAFKA_PRODUCER_CONFIG"),
+        ("--plugin {pgoutput,wal2json}", "CDC_RELAY_PLUGIN"),
+        ("--sweep-interval SECONDS", "CDC_RELAY_SWEEP_INTERVAL"),
+        ("--producer-queue-max-kbytes KBYTES", "CDC_RELAY_PRODUCER_QUEUE_MAX_KBYTES"),
     ]:
         assert flag in out
-        assert env in out
+        assert f"[{env}]" in out
     assert "--kafka-producer-config " not in out
-    assert "--kafka-producer-config-file" in out
+    assert "--kafka-producer-config-file FILE" in out
+    assert "VALUE " not in out.replace("KEY=VALUE", "").replace("[--SETTING VALUE ...]", "")
+    for name in Settings.model_fields:
+        assert f"[{env_name(name)}]" in " ".join(out.split()), name
 
 
 def test_no_flags_uses_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -377,3 +389,219 @@ def test_run_refuses_a_property_librdkafka_refuses(caplog: pytest.LogCaptureFixt
     assert len(errors) == 1
     assert errors[0].startswith("invalid configuration: CDC_RELAY_KAFKA_PRODUCER_CONFIG: ")
     assert "no.such.thing" in errors[0]
+
+
+# -- errors a user can act on ---------------------------------------------------------------------
+
+ISSUES_URL = "https://github.com/cdc-relay/cdc-relay/issues"
+
+
+def test_a_misspelt_variable_is_named_when_the_configuration_fails(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_run: None
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_DATABASE_URL")
+    monkeypatch.setenv("CDC_RELAY_DATABSE_URL", DB_URL)
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "cdc-relay: invalid configuration: CDC_RELAY_DATABASE_URL: is required" in err
+    assert (
+        "CDC_RELAY_DATABSE_URL is not a setting and is ignored; did you mean "
+        "CDC_RELAY_DATABASE_URL?" in err
+    )
+    assert DB_PASSWORD not in err
+
+
+def test_an_unexpected_error_exits_70_naming_where_to_report_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import cdc_relay.relay  # noqa: PLC0415 - only to replace the relay
+
+    class Broken:
+        def __init__(self, _settings: Settings) -> None:
+            pass
+
+        def run(self) -> None:
+            raise RuntimeError("a bug")
+
+        def request_stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(cdc_relay.relay, "Relay", Broken)
+    assert cli.run(settings_for()) == 70
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert ISSUES_URL in errors[0]
+
+
+# -- the help fits a screen -----------------------------------------------------------------------
+
+COMMAND_NAMES = [entry.name for entry in COMMANDS]
+OWN_FLAGS = {
+    "run": [],
+    "setup": ["--create-outbox"],
+    "check": [],
+    "status": ["--relay-host HOST"],
+    "sweep": ["--once", "--wait SECONDS"],
+    "settings": ["--markdown"],
+    "demo": ["--events N", "--rate R"],
+}
+
+
+def help_of(capsys: pytest.CaptureFixture[str], *argv: str, prog: str = "cdc-relay") -> str:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"], prog=prog)
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def usage_lines(text: str) -> list[str]:
+    return text.split("\n\n", 1)[0].splitlines()
+
+
+@pytest.fixture
+def screen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 80-column terminal (argparse wraps to COLUMNS)."""
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def test_the_help_fits_a_screen_with_the_commands_first(
+    capsys: pytest.CaptureFixture[str], screen: None
+) -> None:
+    text = help_of(capsys)
+    lines = text.splitlines()
+    assert len(lines) <= 60
+    assert len(usage_lines(text)) <= 3
+    assert lines[0].startswith("usage: cdc-relay [COMMAND]")
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    sections = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert sections[0] == "commands:"
+    listed = [
+        line.split()[0] for line in text.split("commands:\n", 1)[1].split("\n\n")[0].split("\n")
+    ]
+    assert listed == COMMAND_NAMES
+    # The settings a command cannot do without, and where the rest are.
+    assert "--database-url URL  [CDC_RELAY_DATABASE_URL]" in text
+    assert "cdc-relay settings lists all" in text
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_a_commands_help_fits_a_screen_and_leads_with_its_own_flags(
+    capsys: pytest.CaptureFixture[str], screen: None, command: str
+) -> None:
+    text = help_of(capsys, command)
+    lines = text.splitlines()
+    assert len(lines) <= 60
+    assert len(usage_lines(text)) <= 3
+    assert lines[0].startswith(f"usage: cdc-relay {command}")
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert text.split("\n\n")[2].startswith("options:\n")  # right after usage and summary
+    flag_lines = [line.strip() for line in lines if line.startswith("  -")]
+    own = OWN_FLAGS[command]
+    assert [line.split("  ")[0] for line in flag_lines[: len(own)]] == own
+    assert flag_lines[len(own)].startswith("-h, --help")
+    assert len(flag_lines) == len(own) + 1  # no setting repeated here
+    assert f"example:\n  cdc-relay {command}" in text
+    assert "CDC_RELAY_SLOT_NAME" not in text
+
+
+@pytest.mark.parametrize("argv", [[], *([name] for name in COMMAND_NAMES)])
+def test_every_help_ends_with_the_exit_codes_and_the_docs(
+    capsys: pytest.CaptureFixture[str], screen: None, argv: list[str]
+) -> None:
+    text = help_of(capsys, *argv)
+    ending = " ".join(text.rsplit("\n\n", 1)[1].split())
+    assert ending.startswith("exit codes: 0 done, ")
+    assert "70 a bug" in ending
+    assert f". Report a bug at {ISSUES_URL} " in ending
+    assert DOCS_URL in ending
+    entry = next((e for e in COMMANDS if e.name in argv), None)
+    listed = re.findall(r"(\d+) ([a-z ]+)[,.]", ending.split(". Report", 1)[0] + ".")
+    expected = [code for code in ExitCode if entry is None or code in entry.exit_codes]
+    assert listed == [(str(int(code)), EXIT_CODES[code].short) for code in expected]
+
+
+@pytest.mark.parametrize("prog", ["cdc-relay", "python -m cdc_relay"])
+def test_the_help_names_the_program_as_invoked(
+    capsys: pytest.CaptureFixture[str], screen: None, prog: str
+) -> None:
+    assert help_of(capsys, prog=prog).startswith(f"usage: {prog} [COMMAND]")
+    assert help_of(capsys, "sweep", prog=prog).startswith(f"usage: {prog} sweep ")
+    assert f"example:\n  {prog} sweep --once" in help_of(capsys, "sweep", prog=prog)
+
+
+def test_the_installed_command_is_cdc_relay() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["scripts"] == {"cdc-relay": "cdc_relay.cli:main"}
+    assert inspect.signature(main).parameters["prog"].default == "cdc-relay"
+    assert 'main(prog="python -m cdc_relay")' in (REPO / "cdc_relay" / "__main__.py").read_text()
+
+
+@pytest.mark.parametrize("command", [e.name for e in COMMANDS if e.takes_settings])
+@pytest.mark.parametrize("before", [True, False])
+def test_the_setting_flags_work_on_every_command_before_and_after_it(
+    command: str, before: bool
+) -> None:
+    flags = ["--slot-name", "flag_slot", "--kafka-property", "linger.ms=9", "--no-reconcile"]
+    argv = [*flags, command] if before else [command, *flags]
+    settings = settings_for(*argv)
+    assert settings.slot_name == "flag_slot"
+    assert settings.kafka_producer_config == {"linger.ms": "9"}
+    assert settings.reconcile is False
+
+
+def test_a_command_that_takes_no_settings_refuses_a_setting_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["settings", "--slot-name", "x"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --slot-name x" in capsys.readouterr().err
+
+
+def test_the_settings_command_prints_no_secret_and_needs_no_configuration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "kafka.properties"
+    secret_file.write_text(f"sasl.password={SASL_PASSWORD}\n", encoding="utf-8")
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG_FILE", str(secret_file))
+    monkeypatch.setenv("CDC_RELAY_KAFKA_PRODUCER_CONFIG", json.dumps({"sasl.password": "x-Pw1"}))
+    monkeypatch.setenv("CDC_RELAY_LOG_LEVEL", "nonsense")  # invalid: it is not read at all
+    (tmp_path / ".env").write_text(f"CDC_RELAY_TOPIC_ALLOWLIST={SASL_PASSWORD}\n", "utf-8")
+    for argv in (["settings"], ["settings", "--markdown"]):
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        assert captured.err == ""
+        for secret in (DB_PASSWORD, SASL_PASSWORD, "x-Pw1", str(secret_file), "nonsense"):
+            assert secret not in captured.out
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"], prog="python -m cdc_relay")
+    assert capsys.readouterr().out == f"cdc-relay {__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["status", "setup", "sweep"])
+def test_commands_that_never_use_kafka_need_no_kafka_setting(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    settings = settings_for(command)
+    assert settings.kafka_bootstrap_servers is None
+    assert settings.slot_name == "cdc_relay"
+
+
+@pytest.mark.parametrize("argv", [[], ["run"], ["check"]])
+def test_run_and_check_name_the_kafka_setting_they_need(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    monkeypatch.delenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    with pytest.raises(ConfigError) as info:
+        settings_for(*argv)
+    command = argv[0] if argv else "run"
+    assert str(info.value) == (
+        f"invalid configuration: CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS: is required by {command}"
+    )
+    monkeypatch.setenv("CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS", "")
+    with pytest.raises(ConfigError, match="KAFKA_BOOTSTRAP_SERVERS: must not be empty"):
+        settings_for(*argv)

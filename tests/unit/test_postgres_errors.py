@@ -23,6 +23,7 @@ from cdc_relay.postgres_errors import (
     error_for,
     kind_of,
     mapped,
+    one_line,
 )
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cdc_relay"
@@ -184,3 +185,56 @@ def test_only_the_adapters_catch_what_psycopg_raises() -> None:
                 catching.add(path.relative_to(PACKAGE).as_posix())
     assert catching, "the scan found nothing: it is broken"
     assert catching <= ADAPTERS, sorted(catching - ADAPTERS)
+
+
+# -- libpq's messages as one line -----------------------------------------------------------------
+
+REFUSED = (
+    'connection failed: connection to server at "127.0.0.1", port 9 failed: Connection refused\n'
+    "\tIs the server running on that host and accepting TCP/IP connections?"
+)
+CLOSED = (
+    "server closed the connection unexpectedly\n\tThis probably means the server terminated "
+    "abnormally\n\tbefore or while processing the request."
+)
+TWO_HOSTS = (
+    'connection to server at "a" (10.0.0.1), port 5432 failed: timeout expired\n'
+    'connection to server at "b" (10.0.0.2), port 5432 failed: Connection refused\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            REFUSED,
+            'connection failed: connection to server at "127.0.0.1", port 9 failed: Connection '
+            "refused; Is the server running on that host and accepting TCP/IP connections?",
+        ),
+        (
+            CLOSED,
+            "server closed the connection unexpectedly; This probably means the server "
+            "terminated abnormally before or while processing the request.",
+        ),
+        (
+            TWO_HOSTS,
+            'connection to server at "a" (10.0.0.1), port 5432 failed: timeout expired; '
+            'connection to server at "b" (10.0.0.2), port 5432 failed: Connection refused',
+        ),
+        ("relation does not exist", "relation does not exist"),
+    ],
+)
+def test_libpq_messages_become_one_line(text: str, line: str) -> None:
+    assert one_line(text) == line
+    assert line in connect_error(text, None, "", "cannot connect").args[0]
+
+
+@given(st.text())
+def test_one_line_keeps_every_character_but_the_line_breaks(text: str) -> None:
+    line = one_line(text)
+    assert len(line.splitlines()) <= 1
+
+    def visible(value: str) -> str:
+        return "".join(value.split()).replace(";", "")
+
+    assert visible(line) == visible(text)

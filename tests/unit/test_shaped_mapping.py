@@ -427,24 +427,25 @@ def test_any_row_is_a_record_or_a_malformed_event(
         orjson.loads(record.value)
 
 
-def _readme_example(marker: str) -> dict[str, Any]:
-    """The JSON of CDC_RELAY_OUTBOX_COLUMNS in the README's example after ``marker``."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme[readme.index(marker) :]
+def _documented_example(marker: str) -> dict[str, Any]:
+    """The JSON of CDC_RELAY_OUTBOX_COLUMNS in the documented example after ``marker``."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "adopt-existing-outbox.md"
+    text = page.read_text()
+    block = text[text.index(marker) :]
     start = block.index("CDC_RELAY_OUTBOX_COLUMNS='") + len("CDC_RELAY_OUTBOX_COLUMNS='")
     parsed: dict[str, Any] = orjson.loads(block[start : block.index("'", start)])
     return parsed
 
 
-def test_the_readme_examples_do_what_the_readme_says() -> None:
-    debezium = mapping(DEBEZIUM, _readme_example("**Debezium's documented table**"))
+def test_the_documented_examples_do_what_the_docs_say() -> None:
+    debezium = mapping(DEBEZIUM, _documented_example("**Debezium's documented table**"))
     record = debezium.map(tuple_of(DEBEZIUM, DEBEZIUM_ROW))
     assert record.topic == "outbox.event.Order"
     assert dict(record.headers)["eventType"] == b"OrderCreated"
     assert orjson.loads(record.value or b"") == {"payload": {"n": 1}, "eventType": "OrderCreated"}
     assert debezium.map(tuple_of(DEBEZIUM, DEBEZIUM_ROW, payload=None)).value is None
 
-    framework = mapping(FRAMEWORK, _readme_example("**A framework's unit-of-work table**"))
+    framework = mapping(FRAMEWORK, _documented_example("**A framework's unit-of-work table**"))
     placed = framework.map(
         tuple_of(FRAMEWORK, FRAMEWORK_ROW, created_at=b"2026-11-23 16:00:00.5", causation_id=b"c")
     )
