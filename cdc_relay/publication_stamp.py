@@ -214,7 +214,7 @@ def changes(
     found: list[Change] = []
     restore = (
         f"make publication {publication} publish the inserts of every outbox table again, with "
-        "the configured row filter and every column (python -m cdc_relay check names the "
+        "the configured row filter and every column (cdc-relay check names the "
         "statement), then start the relay"
     )
     pub_before, pub_now = before.data.get("pub"), now.data.get("pub")

@@ -20,9 +20,8 @@ from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, emit_function_ddl, emit_privileg
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.exit_codes import ExitCode
 from cdc_relay.lsn import format_lsn
-from cdc_relay.prerequisites import Prerequisites, Unmet, require, require_streamed
+from cdc_relay.prerequisites import Prerequisites, Unmet, require, verified_stamp
 from cdc_relay.publication_filter import FilterMismatch, find_mismatch
-from cdc_relay.publication_stamp import PublicationStamp, StampQuery, read_stamp
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.replication.failover import wants_failover
 from cdc_relay.replication.source import (
@@ -157,23 +156,6 @@ class _Setup:
             SourceSetupError.exit_code,
         )
 
-    def verified_stamp(self) -> PublicationStamp:
-        """The publication's stamp (:mod:`cdc_relay.publication_stamp`), read and then verified
-        to stream every outbox insert: recorded with the new slot's position."""
-        settings = self.settings
-        query = StampQuery.of(
-            settings.plugin,
-            settings.publication_name,
-            settings.tables(),
-            self.conn.info.server_version,
-        )
-        stamp = read_stamp(self.conn, query)
-        try:
-            require_streamed(self.conn, settings)
-        except RelayError as exc:
-            raise _SetupFailed(f"publication {settings.publication_name}: {exc}", 3) from None
-        return stamp
-
     def messages(self) -> None:
         """With messages on, ``sql/004_outbox_emit.sql``: ``outbox_emit`` (re)made the writers'
         one way to emit, and PUBLIC's EXECUTE on ``pg_logical_emit_message`` revoked — verified,
@@ -223,7 +205,12 @@ class _Setup:
             # As the relay does after creating its slot: from now on a lost slot is detected,
             # and a publication changed before the relay first starts is too.
             self.store.save(start, new_slot=True)
-            self.store.verify(self.verified_stamp())
+            try:
+                self.store.verify(verified_stamp(self.conn, settings))
+            except RelayError as exc:
+                raise _SetupFailed(
+                    f"publication {settings.publication_name}: {exc}", exc.exit_code
+                ) from None
             self.store.record_row_filters(recorded_form(settings.tables()), changed=False)
             self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
             return

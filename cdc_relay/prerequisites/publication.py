@@ -91,7 +91,7 @@ class PublicationChecks(Checks):
 
     def publication_streams(self) -> str:
         """:meth:`publication_covers`, and the publication must exist: what the relay verifies
-        once it has made it (:func:`cdc_relay.prerequisites.require_streamed`)."""
+        once it has made it (:func:`cdc_relay.prerequisites.verified_stamp`)."""
         found = self.publication_covers()
         if found.endswith("does not exist yet"):
             raise Unmet(

@@ -10,16 +10,9 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.leadership import Leadership, terminate_backend
-from cdc_relay.prerequisites import require, require_streamed, require_usable_slot
+from cdc_relay.prerequisites import require, require_usable_slot, verified_stamp
 from cdc_relay.publication_filter import FilterMismatch
-from cdc_relay.publication_stamp import (
-    Change,
-    PublicationStamp,
-    StampQuery,
-    parse,
-    read_stamp,
-    unrelayed_changes,
-)
+from cdc_relay.publication_stamp import Change, PublicationStamp, parse, unrelayed_changes
 from cdc_relay.record_origin import history_switches
 from cdc_relay.replication.failover import ensure_failover, promotion_note, wants_failover
 from cdc_relay.replication.source import (
@@ -104,17 +97,7 @@ class PostgresStart:
         return self._source.ensure_row_filters()
 
     def publication_stamp(self) -> PublicationStamp:
-        settings = self._settings
-        query = StampQuery.of(
-            settings.plugin,
-            settings.publication_name,
-            settings.tables(),
-            self._conn.info.server_version,
-        )
-        stamp = read_stamp(self._conn, query)
-        # After the read: what is verified is what the stamp's later checks prove unchanged.
-        require_streamed(self._conn, settings)
-        return stamp
+        return verified_stamp(self._conn, self._settings)
 
     def unrelayed(self, recorded: object, found: PublicationStamp) -> list[Change]:
         return unrelayed_changes(self._conn, parse(recorded), found)

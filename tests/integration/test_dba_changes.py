@@ -11,6 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import orjson
 import psycopg
@@ -96,6 +97,16 @@ class Run:
         env = {**self.env, **{f"CDC_RELAY_{k.upper()}": v for k, v in changes.items()}}
         return RelayProcess(env).start()
 
+    @contextmanager
+    def streaming(self, **changes: str) -> Iterator[RelayProcess]:
+        """A relay streaming for the ``with`` block, which stops it cleanly (exit 0) after."""
+        relay = self.relay(**changes)
+        try:
+            yield relay.wait_streaming()
+            assert relay.stop() == 0, relay.logs()
+        finally:
+            relay.close()
+
     def sweep(self, **changes: object) -> None:
         """A sweep beside the relay (the ``sweep`` command's code), for a few seconds."""
         sweeper = Sweeper(relay_settings(self.env, **changes))
@@ -163,6 +174,14 @@ def _within(xmins: list[int], named: tuple[int, int]) -> bool:
     return bool(xmins) and all(low <= x < high for x in xmins)
 
 
+def _named_and_kept(relay: RelayProcess, run: Run, rows: list[str], table: str = "outbox") -> None:
+    """The start named the transactions of ``rows``, and passes of its sweeper later every one
+    of them is still in the outbox."""
+    assert _within(run.xmins(rows, table), _named(relay))
+    time.sleep(1.5)  # passes of the relay's sweeper
+    assert set(rows) <= run.remaining(table), "a named row was swept"
+
+
 def _not_named(relay: RelayProcess) -> None:
     assert UNRELAYED not in relay.logs(), relay.logs()
 
@@ -208,16 +227,9 @@ def test_inserts_unpublished_for_a_while_stop_the_relay_and_are_never_swept(
     finally:
         relay.close()
     assert not set(gap) & reader.event_ids()
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, after)  # committed once the table was published again
-        assert _within(run.xmins(gap), _named(relay))
-        time.sleep(1.5)  # passes of the relay's sweeper
-        assert set(gap) <= run.remaining(), "a named row was swept"
-        assert relay.stop() == 0
-    finally:
-        relay.close()
+        _named_and_kept(relay, run, gap)
 
 
 def test_a_row_filter_set_on_the_publication_stops_the_relay(
@@ -238,16 +250,11 @@ def test_a_row_filter_set_on_the_publication_stops_the_relay(
         assert set(gap) <= run.remaining()
     finally:
         relay.close()
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         assert _within(run.xmins(gap), _named(relay))
         after = run.write(2)
         _arrive(reader, after)
         assert set(gap) <= run.remaining()
-        assert relay.stop() == 0
-    finally:
-        relay.close()
 
 
 def test_a_column_list_on_the_publication_stops_the_relay_and_its_start(
@@ -276,13 +283,8 @@ def test_a_column_list_on_the_publication_stops_the_relay_and_its_start(
     finally:
         relay.close()
     run.ddl(f"ALTER PUBLICATION {run.publication} SET TABLE outbox")
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         assert _within(run.xmins(gap), _named(relay))
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     assert set(gap) <= run.remaining() | reader.event_ids()
 
 
@@ -291,9 +293,7 @@ def test_setup_with_another_row_filter_is_refused_while_a_relay_streams(
 ) -> None:
     """``setup`` would give the publication its own row filter: refused (exit 3, naming the
     relay that streams), and the relay streams on untouched."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, run.write(2))
         result = cdc_relay({**run.env, "CDC_RELAY_OUTBOX_ROW_FILTER": "event_type = 'x'"}, "setup")
         assert result.returncode == 3, result.stdout + result.stderr
@@ -302,9 +302,6 @@ def test_setup_with_another_row_filter_is_refused_while_a_relay_streams(
         _arrive(reader, later)
         assert relay.proc is not None
         assert relay.proc.poll() is None, relay.logs()
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     rowfilter = scalar(
         run.database,
         "SELECT rowfilter FROM pg_publication_tables WHERE pubname = %s",
@@ -341,9 +338,7 @@ def test_a_renamed_outbox_stops_the_relay_which_resumes_under_the_new_name(
         assert set(renamed) - reader.event_ids() <= run.remaining("outbox_old")
     finally:
         relay.close()
-    relay = run.relay(outbox_table="public.outbox_old")
-    try:
-        relay.wait_streaming()
+    with run.streaming(outbox_table="public.outbox_old") as relay:
         if plugin == "pgoutput":
             _arrive(reader, renamed)
             _not_named(relay)
@@ -351,9 +346,6 @@ def test_a_renamed_outbox_stops_the_relay_which_resumes_under_the_new_name(
             assert _within(run.xmins(renamed, "outbox_old"), _named(relay))
         after = run.write(2, "outbox_old")
         _arrive(reader, after)
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     assert set(renamed) <= reader.event_ids() | run.remaining("outbox_old")
     assert reader.duplicates() == 0
 
@@ -386,20 +378,13 @@ def test_a_dropped_and_recreated_outbox_stops_the_relay_and_its_rows_are_named(
     finally:
         relay.close()
     run.ddl(f"ALTER PUBLICATION {run.publication} ADD TABLE outbox")
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
-        named = _named(relay)
+    with run.streaming() as relay:
+        _named(relay)  # named whether or not they arrived: the start cannot tell
         missing = list(set(fresh) - reader.event_ids())
         assert plugin == "wal2json" or set(missing) == set(fresh)
-        assert not missing or _within(run.xmins(missing), named)
-        after = run.write(2)
-        _arrive(reader, after)
-        time.sleep(1.5)  # passes of the relay's sweeper
-        assert set(missing) <= run.remaining(), "a named row was swept"
-        assert relay.stop() == 0
-    finally:
-        relay.close()
+        if missing:
+            _named_and_kept(relay, run, missing)
+        _arrive(reader, run.write(2))
 
 
 # -- changes the relay follows -------------------------------------------------------------------
@@ -411,9 +396,7 @@ def test_column_type_changes_and_new_columns_lose_nothing(
     """ALTER COLUMN ... TYPE of a column that is not the key (a table rewrite), ADD COLUMN
     with a default, DROP COLUMN of an unmapped one: the relay follows each (a new Relation),
     every row arrives once, the relay runs on."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         run.write(3)
         run.ddl("ALTER TABLE outbox ALTER COLUMN aggregate_id TYPE varchar(200)")
         run.write(3)
@@ -424,12 +407,7 @@ def test_column_type_changes_and_new_columns_lose_nothing(
         run.ddl("ALTER TABLE outbox DROP COLUMN tenant")
         run.write(3)
         assert _outcome(relay, reader, run.written, timeout=30) == 0
-        time.sleep(1)
-        assert relay.proc is not None
-        assert relay.proc.poll() is None, relay.logs()
-        assert relay.stop() == 0
-    finally:
-        relay.close()
+        time.sleep(1)  # position writes after the last change
     assert reader.duplicates() == 0
     assert STOPPED not in relay.logs()
 
@@ -439,16 +417,11 @@ def test_truncate_loses_nothing_committed_before_it(
 ) -> None:
     """TRUNCATE (a new relfilenode) right after rows the relay may not have read yet: they
     come from the WAL all the same, and so do the rows after it."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         run.write(5)
         run.ddl("TRUNCATE outbox")
         run.write(5)
         assert _outcome(relay, reader, run.written, timeout=30) == 0
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     assert reader.duplicates() == 0
     assert STOPPED not in relay.logs()
 
@@ -462,33 +435,21 @@ def test_a_change_made_while_the_relay_was_stopped_is_named_at_its_start(
     """DROP TABLE + inserts + ADD TABLE while no relay runs: the next start cannot see the
     publication as it was, but its record says which one it verified. pgoutput: the start names
     the rows of that time, and no sweep deletes them. wal2json: they arrive."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, run.write(2))
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     run.ddl(f"ALTER PUBLICATION {run.publication} DROP TABLE outbox")
     gap = run.write(3)
     run.ddl(f"ALTER PUBLICATION {run.publication} ADD TABLE outbox")
     run.sweep()
     assert set(gap) <= run.remaining()
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         after = run.write(2)
         _arrive(reader, after)
         if plugin == "wal2json":
             _arrive(reader, gap)
             _not_named(relay)
         else:
-            assert _within(run.xmins(gap), _named(relay))
-            time.sleep(1.5)  # passes of the relay's sweeper
-            assert set(gap) <= run.remaining(), "a named row was swept"
-        assert relay.stop() == 0
-    finally:
-        relay.close()
+            _named_and_kept(relay, run, gap)
 
 
 def test_a_change_between_setup_and_the_first_start_is_named(
@@ -503,16 +464,9 @@ def test_a_change_between_setup_and_the_first_start_is_named(
     gap = run.write(2)
     run.ddl(f"ALTER PUBLICATION {run.publication} ADD TABLE outbox")
     after = run.write(2)
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, after)
-        assert _within(run.xmins(gap), _named(relay))
-        time.sleep(1.5)  # passes of the relay's sweeper
-        assert set(gap) <= run.remaining(), "a named row was swept"
-        assert relay.stop() == 0
-    finally:
-        relay.close()
+        _named_and_kept(relay, run, gap)
     assert not set(gap) & reader.event_ids()
 
 
@@ -521,21 +475,11 @@ def test_an_unchanged_publication_names_nothing_and_sweeps_as_before(
 ) -> None:
     """The control: stopped and started again with nothing changed, the relay names no rows,
     and its sweeper deletes what it published."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming():
         _arrive(reader, run.write(3))
-        assert relay.stop() == 0
-    finally:
-        relay.close()
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, run.write(3))
         wait_until(lambda: not run.remaining(), 20, "the published rows swept")
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     _not_named(relay)
 
 
@@ -581,26 +525,16 @@ def test_a_state_table_from_before_the_stamp_gains_it_and_names_nothing(
     """A record written by an earlier version (no stamp): the relay (here as the table's owner)
     adds the columns, takes the publication it verifies as the recorded one without naming any
     row, and sweeps as before once it has recorded it."""
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming():
         _arrive(reader, run.write(2))
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     run.ddl(  # as the earlier version left it
         "ALTER TABLE cdc_relay.slot_position DROP COLUMN publication_stamp, "
         "DROP COLUMN stamp_checked_xid"
     )
     later = run.write(2)
-    relay = run.relay()
-    try:
-        relay.wait_streaming()
+    with run.streaming() as relay:
         _arrive(reader, later)
         wait_until(lambda: not run.remaining(), 20, "the published rows swept")
-        assert relay.stop() == 0
-    finally:
-        relay.close()
     _not_named(relay)
     recorded = scalar(
         run.database,
