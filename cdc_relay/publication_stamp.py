@@ -271,15 +271,11 @@ def _table_changes(
         if now.get("oid") is None:
             return [Change(f"{name} was dropped (oid {oid})", restore)]
         what = f"{name} was dropped and re-created (oid {oid}, now {now.get('oid')}, a {kind})"
+        fix = "start the relay: it names the rows the slot may not have streamed"
         if now.get("rel") is None and "rel" in now:
             what += f", and the new one is not in publication {publication}"
-        return [
-            Change(
-                what,
-                f"add the new table to the publication (ALTER PUBLICATION {publication} ADD TABLE "
-                f"{name}), then start the relay",
-            )
-        ]
+            fix = f"run ALTER PUBLICATION {publication} ADD TABLE {name}, then {fix}"
+        return [Change(what, fix)]
     found: list[Change] = []
     if now.get("type") != was.get("type"):
         found.append(
@@ -303,8 +299,8 @@ def _table_changes(
 
 def _name_of(conn: Connection | None, oid: object) -> str | None:
     """The qualified name a table of ``oid`` has now (None: none, or not asked)."""
-    if conn is None or not isinstance(oid, str) or not oid.isdigit():
-        return None
+    if conn is None or not isinstance(oid, str) or not oid.isdigit() or int(oid) >= 1 << 32:
+        return None  # not asked, or not an oid (a recorded stamp is a row anyone may edit)
     row = conn.execute(
         "SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c "
         "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
