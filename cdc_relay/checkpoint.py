@@ -32,6 +32,7 @@ from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_stamp import PublicationStamp, StampQuery, change_error
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
+from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
 
 STATE_TABLE = "slot_position"
 LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
@@ -48,11 +49,20 @@ STATE_COLUMNS = {
         "row_filters",
         "publication_stamp",
         "stamp_checked_xid",
+        "sweep_horizons",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
-DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state tables' DDL
+# Another relay (or setup) created the state tables between this one's look and its own CREATE:
+# the catalog's unique index refuses the second; the file, run again, finds them there.
+_CREATED_MEANWHILE = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DuplicateSchema,
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateObject,
+)
+DDL_ATTEMPTS = 3
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
 # Written with the publication's stamp: the oldest transaction running at that check. Rows of
@@ -139,8 +149,11 @@ class PostgresCheckpointStore:
         schema: str,
         slot_name: str,
         holder: str | None = None,
+        watched: Watched = unwatched,
     ) -> None:
         self._conn = conn
+        # Its statements, watched: a wait on a lock is named, and ends (cdc_relay.waits).
+        self._watched = watched
         self._table = sql.Identifier(schema, STATE_TABLE)
         self._lease = sql.Identifier(schema, LEASE_TABLE)
         self._schema = schema
@@ -212,20 +225,22 @@ class PostgresCheckpointStore:
         for candidate in incomplete:
             if not candidate.may_create:
                 raise SourceSetupError(candidate.create_hint(self._user()))
-        try:
-            # Relays starting together would race on CREATE ... IF NOT EXISTS: one at a time
-            # (the file is idempotent, so the later ones find everything there).
-            with self._conn.transaction():
-                self._conn.execute(
-                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DDL_LOCK_CLASS, STATE_SQL)
-                )
-                self._conn.execute(state_table_ddl(self._schema))
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise SourceSetupError(
-                f"cannot create the relay's state table {state.name}: "
-                f"{exc.diag.message_primary}. {state.create_hint(self._user())}"
-            ) from None
-        return True
+        what = f"creating the relay's state tables in {self._schema}"
+        attempts = DDL_ATTEMPTS
+        while True:
+            attempts -= 1
+            try:
+                with self._watched(what, STATE_DDL_MEANS), self._conn.transaction():
+                    self._conn.execute(state_table_ddl(self._schema))
+                return True
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise SourceSetupError(
+                    f"cannot create the relay's state table {state.name}: "
+                    f"{exc.diag.message_primary}. {state.create_hint(self._user())}"
+                ) from None
+            except _CREATED_MEANWHILE as exc:
+                if not attempts:
+                    raise error_for(exc, During.STATEMENT, what) from None
 
     def _user(self) -> str:
         row = self._conn.execute("SELECT current_user").fetchone()
@@ -492,7 +507,8 @@ class PostgresCheckpointStore:
         """A statement whose lost connection or timeout is SourceUnavailable; what the server
         refuses (a missing table, a privilege) stays psycopg's, for the caller that answers it."""
         try:
-            return self._conn.execute(query, params)
+            with self._watched("using the position record", POSITION_MEANS):
+                return self._conn.execute(query, params)
         except psycopg.OperationalError as exc:
             # Reads too (the sweeper, the start): not "cannot record".
             raise error_for(exc, During.STATEMENT, "the position record is unreachable") from None
@@ -503,7 +519,8 @@ class PostgresCheckpointStore:
         """A write of the position: every failure becomes the project's error, by
         :mod:`cdc_relay.postgres_errors`' table (the confirmation path catches no psycopg error)."""
         try:
-            return self._conn.execute(query, params)
+            with self._watched("recording the position", POSITION_MEANS):
+                return self._conn.execute(query, params)
         except psycopg.Error as exc:
             raise error_for(exc, During.STATEMENT, "cannot record the position") from None
 

@@ -34,6 +34,11 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS row_filters jsonb;
 -- them and takes sweep_from_xid afresh.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS publication_stamp jsonb;
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS stamp_checked_xid xid8;
+-- What the sweeper learnt of the rows older than sweep_from_xid, per outbox table or partition (a
+-- JSON object: oid -> the boundary it is of, its effective boundary, and the transaction id from
+-- which one of those rows could look younger, or none): 32-bit row ids come round every 2^32
+-- transactions, and this lets a sweeper started later still tell them apart (see sweeper.py).
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_horizons jsonb;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from confluent_kafka import KafkaError, KafkaException
 from psycopg import sql
 
@@ -46,6 +47,8 @@ from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
+from cdc_relay.sweep_boundary import NO_HORIZON
+from cdc_relay.sweep_queries import Eligible
 from cdc_relay.transaction_errors import transaction_failure
 
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pgoutput"
@@ -651,6 +654,16 @@ class FakeStart:
 
     def forget(self) -> None:
         self.forgotten += 1
+
+
+def eligible_since(
+    conn: psycopg.Connection[tuple[object, ...]], table: str, since: int
+) -> Eligible:
+    """What the sweeper's statements may take of ``table`` (a plain table): rows of transactions
+    from ``since`` on, with no horizon (as if it had looked at it and found no older row)."""
+    row = conn.execute("SELECT %s::regclass::oid::int8", (table,)).fetchone()
+    assert row is not None
+    return Eligible((int(str(row[0])),), (since,), (NO_HORIZON,))
 
 
 @dataclass

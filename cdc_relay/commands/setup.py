@@ -4,6 +4,10 @@ The outbox table (on request), the relay's state table, the ``outbox_emit`` SQL 
 publication and the slot — each from its file in ``sql/`` (see :mod:`cdc_relay.ddl`) — with one
 line per item (``created …`` / ``exists …``). It checks what the relay's start checks first
 (:func:`cdc_relay.prerequisites.require`), and never creates a slot over one the relay has lost.
+
+What it waits for — a lock its DDL needs, the transactions creating the slot waits for — it waits
+for as long as it takes, and names in a log line within a second, again every half minute
+(:mod:`cdc_relay.waits`); Ctrl-C or SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from cdc_relay.replication.source import (
     relation_oid,
     scalar,
 )
+from cdc_relay.waits import PUBLICATION_MEANS, SETUP_MEANS, SLOT_MEANS, WaitWatch
 
 Output = Callable[[str], None]
 
@@ -58,8 +63,12 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
                 "without it",
                 ExitCode.CONFIGURATION,
             )
-        with connect(settings.source_url()) as conn:
-            _Setup(conn, settings, out).run(create_outbox)
+        waits = WaitWatch(settings.source_url())
+        try:
+            with connect(settings.source_url()) as conn:
+                _Setup(conn, settings, out, waits).run(create_outbox)
+        finally:
+            waits.close()
     except _SetupFailed as exc:
         out(f"FAIL {exc.line}")
         return exc.exit_code
@@ -70,11 +79,14 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
 
 
 class _Setup:
-    def __init__(self, conn: Connection, settings: Settings, out: Output) -> None:
+    def __init__(self, conn: Connection, settings: Settings, out: Output, waits: WaitWatch) -> None:
         self.conn = conn
         self.settings = settings
         self.out = out
-        self.store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        self.watched = waits.for_connection(conn)
+        self.store = PostgresCheckpointStore(
+            conn, settings.state_schema, settings.slot_name, watched=self.watched
+        )
         self.source = SourceDatabase(
             conn,
             settings.tables(),
@@ -91,7 +103,8 @@ class _Setup:
         if create_outbox:
             exists = relation_oid(conn, OutboxTable(table=DEFAULT_OUTBOX_TABLE)) is not None
             if not exists:
-                conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
+                with self.watched(f"creating table {DEFAULT_OUTBOX_TABLE}", SETUP_MEANS):
+                    conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
             self.report(not exists, f"table {DEFAULT_OUTBOX_TABLE}")
 
         try:
@@ -107,11 +120,12 @@ class _Setup:
         except SourceSetupError as exc:
             raise _SetupFailed(f"prerequisites: {exc}", exc.exit_code) from None
         try:
-            created = self.source.ensure_publication()
-            mismatch = find_mismatch(conn, settings.publication_name, settings.tables())
-            if mismatch is not None:
-                self.refuse_beside_a_relay(mismatch)
-            changed = self.source.ensure_row_filters()
+            with self.watched("creating the publication", PUBLICATION_MEANS):
+                created = self.source.ensure_publication()
+                mismatch = find_mismatch(conn, settings.publication_name, settings.tables())
+                if mismatch is not None:
+                    self.refuse_beside_a_relay(mismatch)
+                changed = self.source.ensure_row_filters()
             if changed is not None:
                 self.store.restart_sweep_boundary()
                 self.out(f"changed publication {settings.publication_name}: {changed.describe()}")
@@ -171,7 +185,7 @@ class _Setup:
         except Unmet:
             revoked = True  # PUBLIC may emit now: this run revokes it
         try:
-            with conn.transaction():
+            with self.watched(f"creating {EMIT_SIGNATURE}", SETUP_MEANS), conn.transaction():
                 conn.execute(emit_function_ddl(settings.message_prefix, conn))
                 conn.execute(emit_privileges_ddl())  # our own trusted DDL
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -198,7 +212,9 @@ class _Setup:
             except PositionMismatch as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             try:
-                slot = self.source.create_slot(wants_failover(self.conn, settings))
+                failover = wants_failover(self.conn, settings)
+                with self.watched(f"creating replication slot {name}", SLOT_MEANS):
+                    slot = self.source.create_slot(failover)
             except SourceSetupError as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             start = slot.confirmed_flush or 0

@@ -3,8 +3,9 @@
 The checks are grouped by what they check, one module each: the server and the role
 (:mod:`.server`), the outbox tables (:mod:`.tables`), the publication (:mod:`.publication`), the
 slot (:mod:`.slot`), the state tables and leadership (:mod:`.state`), table-less messages
-(:mod:`.messages`). Each returns what it found (an ``ok`` line's detail) or raises :class:`Unmet`
-with what to do about it. :class:`Prerequisites` holds them all on one connection:
+(:mod:`.messages`), locks and transactions the relay would wait for (:mod:`.waits`). Each
+returns what it found (an ``ok`` line's detail) or raises :class:`Unmet` with what to do about it.
+:class:`Prerequisites` holds them all on one connection:
 
 * the relay's start (and ``setup``) calls :func:`require`: the prerequisites it cannot stream
   without (server, role, tables, an existing publication's coverage), in order, stopping at the
@@ -36,6 +37,7 @@ from cdc_relay.prerequisites.server import ServerChecks
 from cdc_relay.prerequisites.slot import SlotChecks
 from cdc_relay.prerequisites.state import StateChecks
 from cdc_relay.prerequisites.tables import TableChecks
+from cdc_relay.prerequisites.waits import WaitChecks
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.publication_stamp import PublicationStamp, StampQuery, read_stamp
 from cdc_relay.replication.source import Connection, SlotState
@@ -92,6 +94,7 @@ class Prerequisites:
         self.slot = SlotChecks(probe)
         self.state = StateChecks(probe)
         self.messages = MessageChecks(probe)
+        self.waits = WaitChecks(probe)
 
     def report(self) -> list[tuple[str, Check]]:
         """What ``check`` runs, named, in the order it prints them."""
@@ -110,6 +113,7 @@ class Prerequisites:
             ("slot", slot.slot),
             ("messages", self.messages.messages),
             ("leadership", state.leadership),
+            ("waits", self.waits.waits),
             ("failover", slot.failover),
             ("wal2json", slot.wal2json),
         ]

@@ -1,5 +1,7 @@
 """Checks of the publication: it publishes the inserts of exactly the outbox tables, filtered as
-configured (an ALL TABLES one, or one with updates or deletes, streams what the relay drops)."""
+configured (an ALL TABLES one, or one with updates or deletes, streams what the relay drops), and
+a partitioned outbox's rows as the outbox's (``publish_via_partition_root``: otherwise each row
+is published as its partition's, a table the relay does not relay)."""
 
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ class PublicationChecks(Checks):
             )
         published = self._published_tables(name)
         problems = self._coverage(name, published, insert) + self._column_lists(name)
-        extra = sorted(published - set(wanted))
+        partitions = {leaf for leaves in self._partitioned(name)[1].values() for leaf in leaves}
+        extra = sorted(published - set(wanted) - partitions)
         if extra:
             problems.append(
                 f"it also publishes {', '.join(extra)}: run ALTER PUBLICATION {name} DROP TABLE "
@@ -136,8 +139,38 @@ class PublicationChecks(Checks):
         ).fetchall()
         return {str(r[0]) for r in rows}
 
+    def _partitioned(self, name: str) -> tuple[bool, dict[str, set[str]]]:
+        """Whether the publication publishes partitions as their root, and each partitioned
+        outbox table's partitions (as ``schema.name``)."""
+        schemas, names = zip(*(t.schema_and_name for t in self.tables), strict=True)
+        rows = self.conn.execute(
+            "SELECT coalesce((SELECT pubviaroot FROM pg_publication WHERE pubname = %s), false), "
+            "n.nspname || '.' || c.relname, array(SELECT ln.nspname || '.' || lc.relname "
+            "  FROM pg_partition_tree(c.oid) p JOIN pg_class lc ON lc.oid = p.relid "
+            "  JOIN pg_namespace ln ON ln.oid = lc.relnamespace WHERE p.relid <> c.oid) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'p' "
+            "AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (name, list(schemas), list(names)),
+        ).fetchall()
+        via_root = bool(rows[0][0]) if rows else True
+        return via_root, {
+            str(r[1]): {str(p) for p in r[2]} if isinstance(r[2], list) else set() for r in rows
+        }
+
     def _coverage(self, name: str, published: set[str], insert: bool) -> list[str]:
         problems: list[str] = []
+        via_root, partitioned = self._partitioned(name)
+        if not via_root:
+            # Each partition is published under its own name: the root is not listed, and adding
+            # it again would change nothing.
+            roots = sorted(t for t, leaves in partitioned.items() if leaves & published)
+            problems.append(
+                f"{', '.join(sorted(partitioned))} is partitioned and {name} publishes its rows "
+                "as rows of each partition (publish_via_partition_root is off), which the relay "
+                f"does not relay: run ALTER PUBLICATION {name} SET "
+                "(publish_via_partition_root = true)"
+            )
+            published = published | set(roots)
         missing = [t.table for t in self.tables if t.table not in published]
         if missing:
             problems.append(

@@ -1,9 +1,10 @@
 """Checks of the outbox tables: the mapped columns and their types, the row filter's and sweep
-condition's columns and collations, the key the sweeper deletes by."""
+condition's columns and collations, the key the sweeper deletes by, and the output plugin's
+reading of a partitioned one."""
 
 from __future__ import annotations
 
-from cdc_relay.config import OutboxTable, sql_name
+from cdc_relay.config import OutboxTable, Plugin, sql_name
 from cdc_relay.ddl import OUTBOX_SQL
 from cdc_relay.errors import ConfigError
 from cdc_relay.prerequisites.probe import Checks, Unmet
@@ -35,7 +36,7 @@ class TableChecks(Checks):
         missing = self._missing_columns(table)
         if missing:
             raise Unmet(missing)
-        problems: list[str] = []
+        problems: list[str] = self._plugin_reads(table)
         if table.row_filter or table.sweep_condition:
             problems += self._condition_columns(table, self._column_types(table))
         if self.settings.sweep_interval > 0 and table.columns.row_key:
@@ -48,6 +49,24 @@ class TableChecks(Checks):
         if collations:
             raise Unmet("; ".join(collations), ConfigError)
         return "all mapped columns present"
+
+    def _plugin_reads(self, table: OutboxTable) -> list[str]:
+        """wal2json names each row by the partition it landed in, and is asked for the outbox
+        table's rows only (``add-tables``): it would send none of a partitioned outbox's."""
+        if self.settings.plugin is not Plugin.WAL2JSON:
+            return []
+        kind = scalar(
+            self.conn,
+            "SELECT relkind::text FROM pg_class WHERE oid = %s",
+            relation_oid(self.conn, table),
+        )
+        if kind != "p":
+            return []
+        return [
+            "it is partitioned, and wal2json sends each row as a row of its partition, which the "
+            "relay does not ask it for: a partitioned outbox is relayed with pgoutput (its "
+            "publication publishes the rows as the outbox's): set CDC_RELAY_PLUGIN=pgoutput"
+        ]
 
     def _column_types(self, table: OutboxTable) -> dict[str, str]:
         rows = self.conn.execute(
@@ -165,6 +184,7 @@ class TableChecks(Checks):
         types = self._column_types(table)
         columns = table.columns
         problems = [missing] if missing else []
+        problems += self._plugin_reads(table)
         for column, allowed in ((columns.id, ID_TYPES), (columns.payload, PAYLOAD_TYPES)):
             kind = types.get(column)
             if kind is not None and kind not in allowed:

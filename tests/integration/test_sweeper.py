@@ -28,10 +28,10 @@ from cdc_relay.lsn import parse_lsn
 from cdc_relay.publication_stamp import StampQuery, read_stamp
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.row_key import key_types
-from cdc_relay.sweep_queries import page_statement, select_page
+from cdc_relay.sweep_queries import Eligible, page_statement, select_page
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
-from tests.fakes import SweptTableStub
+from tests.fakes import SweptTableStub, eligible_since
 from tests.integration.relay_support import (
     INSERT_SQL,
     OUTBOX_DDL,
@@ -121,10 +121,10 @@ class _AuditedSweeper(Sweeper):
         self.passes: list[int] = []  # rows deleted per pass
 
     def _delete(
-        self, conn: Any, table: Any, batch: Candidates, boundary: int
+        self, conn: Any, table: Any, batch: Candidates, eligible: Eligible
     ) -> tuple[object, ...]:
         recorded = _recorded(self.audit_conn, self.settings.slot_name)
-        ids = super()._delete(conn, table, batch, boundary)
+        ids = super()._delete(conn, table, batch, eligible)
         self.deletions.append((ids, batch.fence, recorded, time.time()))
         return ids
 
@@ -467,9 +467,10 @@ def test_a_page_of_candidates_reads_the_keys_index_not_the_whole_table(
         swept = SweptTableStub(table, ("id",), key_types(conn, table, ("id",)))
         after = str(uuid.UUID(int=1 << 126))  # a quarter into the keys
         boundary = int(str(scalar(database, "SELECT txid_current()"))) - 100
+        eligible = eligible_since(conn, "outbox", boundary)
         for page_after in (None, after):
             statement, params = page_statement(
-                swept, page_after, boundary, created_at=None, limit=100
+                swept, page_after, eligible, created_at=None, limit=100
             )
             explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(statement)
             plan = conn.execute(explain, params).fetchone()[0][0]["Plan"]  # type: ignore[index]

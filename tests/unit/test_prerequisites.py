@@ -69,7 +69,7 @@ class FakeDatabase:
         raise AssertionError(f"unscripted query: {text}")
 
 
-ROLE_QUERY = "r.rolsuper, r.rolreplication FROM pg_roles"
+ROLE_QUERY = "r.rolsuper, r.rolreplication, "
 
 
 def first_row(
@@ -77,10 +77,14 @@ def first_row(
     wal_level: str = "logical",
     superuser: bool = False,
     replication: bool = True,
+    rds_replication: bool = False,
 ) -> dict[str, Any]:
     return {
-        ROLE_QUERY: [("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication)]
-    }
+        ROLE_QUERY: [
+            ("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication,
+             rds_replication)
+        ]
+    }  # fmt: skip
 
 
 def settings(**values: object) -> Settings:
@@ -95,8 +99,12 @@ def settings(**values: object) -> Settings:
     return Settings.model_validate(base)
 
 
+# The partitioned outbox tables and whether the publication publishes them as their root.
+PARTITIONED = "pubviaroot FROM pg_publication"
+
+
 def checks(answers: Answers, **values: object) -> Prerequisites:
-    database = FakeDatabase({**first_row(), **answers})
+    database = FakeDatabase({**first_row(), PARTITIONED: [], **answers})
     return Prerequisites(cast(Connection, database), settings(**values))
 
 
@@ -139,7 +147,17 @@ def test_replication_role_passes_for_replication_or_superuser_and_fails_with_alt
     )
     database = FakeDatabase(first_row(replication=False))
     failed = unmet(Prerequisites(cast(Connection, database), settings()).server.replication_role)
-    assert failed.fix == "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION"
+    assert failed.fix == (
+        "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION (on Amazon RDS "
+        "and Aurora: GRANT rds_replication TO relay)"
+    )
+
+
+def test_replication_role_passes_for_a_member_of_rds_replication() -> None:
+    """RDS and Aurora stream for members of rds_replication, rolreplication false."""
+    database = FakeDatabase(first_row(replication=False, rds_replication=True))
+    server = Prerequisites(cast(Connection, database), settings()).server
+    assert server.replication_role() == "rds_replication"
 
 
 def test_a_dropped_role_stops_before_any_check() -> None:
@@ -292,7 +310,8 @@ def test_publication_fails_for_all_tables_with_the_replacement_in_one_transactio
     assert failed.fix.startswith("outbox_pub publishes ALL TABLES (Debezium's default)")
     assert failed.fix.endswith(
         'BEGIN; DROP PUBLICATION outbox_pub; CREATE PUBLICATION "outbox_pub" FOR TABLE '
-        '"public"."outbox" WITH (publish = \'insert\'); COMMIT;'
+        '"public"."outbox" WITH (publish = \'insert\', publish_via_partition_root = true); '
+        "COMMIT;"
     )
 
 
@@ -504,6 +523,7 @@ def test_report_names_every_check_in_the_order_check_prints_them() -> None:
         "slot",
         "messages",
         "leadership",
+        "waits",
         "failover",
         "wal2json",
     ]
