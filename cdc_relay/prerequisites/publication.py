@@ -42,7 +42,8 @@ class PublicationChecks(Checks):
                 f"{name} publishes ALL TABLES (Debezium's default), so every write of the "
                 "database is decoded and sent to the relay, which drops all but the outbox "
                 f"inserts: replace it in one transaction (no gap for the slot): BEGIN; DROP "
-                f"PUBLICATION {name}; {create} COMMIT;"
+                f"PUBLICATION {name}; {create} COMMIT; (a relay streaming meanwhile stops, "
+                "exit 3, and resumes where it stopped at its next start)"
             )
         filtered = ""
         if any(t.row_filter for t in self.tables):
