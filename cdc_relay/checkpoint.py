@@ -24,10 +24,12 @@ from cdc_relay.ddl import ROLE_SQL, STATE_SQL, state_table_ddl
 from cdc_relay.errors import (
     LeadershipLost,
     PositionMismatch,
+    RelayError,
     SourceSetupError,
 )
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.postgres_errors import During, error_for
+from cdc_relay.publication_stamp import PublicationStamp, StampQuery, change_error
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
 from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
@@ -45,6 +47,8 @@ STATE_COLUMNS = {
         "system_identifier",
         "timeline_id",
         "row_filters",
+        "publication_stamp",
+        "stamp_checked_xid",
         "sweep_horizons",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
@@ -61,6 +65,9 @@ _CREATED_MEANWHILE = (
 DDL_ATTEMPTS = 3
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
+# Written with the publication's stamp: the oldest transaction running at that check. Rows of
+# later transactions may have been decoded after a change the next check finds.
+CHECKED_XID = "pg_snapshot_xmin(pg_current_snapshot())"
 
 
 def fenced(rowcount: int, outcome: str) -> None:
@@ -120,6 +127,9 @@ class Record:
     sweep_from_xid: int | None
     row_filters: object  # as stored (JSON); judged by cdc_relay.relayed_filters
     server: Server
+    publication_stamp: object = None  # as stored (JSON); see cdc_relay.publication_stamp
+    stamp_checked_xid: int | None = None  # the oldest transaction running at its last check
+    updated_at: str | None = None  # when the position was last written
 
 
 class CheckpointStore(Protocol):
@@ -150,6 +160,15 @@ class PostgresCheckpointStore:
         self._slot = slot_name
         # The relay's leadership id: every write is then fenced by the lease (see save()).
         self._holder = holder
+        # The publication the relay verified (see verify()): every write then requires it.
+        self._verified: tuple[PublicationStamp, sql.Composed] | None = None
+
+    def verify(self, stamp: PublicationStamp) -> None:
+        """From now on every write of the position (and of the row filters) happens only while
+        the catalogs still read ``stamp``, in the same statement, and records it: else it writes
+        nothing and raises PublicationChanged (:mod:`cdc_relay.publication_stamp`)."""
+        query = StampQuery.like(stamp, self._conn.info.server_version)
+        self._verified = (stamp, query.expression())
 
     def inspect(self, table: str = STATE_TABLE) -> StateTable:
         """What the catalogs say about a state table, for this role; reads, never writes."""
@@ -239,7 +258,8 @@ class PostgresCheckpointStore:
         identity and WAL end — all in one snapshot (:mod:`cdc_relay.record_origin`)."""
         query = sql.SQL(
             "SELECT p.confirmed_lsn::text, p.system_identifier, p.timeline_id, "
-            f"p.sweep_from_xid::text, p.row_filters, {SERVER_SQL} "
+            "p.sweep_from_xid::text, p.row_filters, p.publication_stamp, "
+            f"p.stamp_checked_xid::text, p.updated_at::text, {SERVER_SQL} "
             "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
         ).format(self._table)
         try:
@@ -253,7 +273,17 @@ class PostgresCheckpointStore:
                 f"GRANT EXECUTE ON FUNCTION pg_control_system() TO {user}"
             ) from None
         assert row is not None
-        lsn, system_identifier, timeline, boundary, filters, *server = row
+        (
+            lsn,
+            system_identifier,
+            timeline,
+            boundary,
+            filters,
+            published,
+            checked,
+            updated,
+            *server,
+        ) = row
         stamp = (
             None
             if lsn is None
@@ -268,6 +298,9 @@ class PostgresCheckpointStore:
             None if boundary is None else int(str(boundary)),
             filters,
             server_from_row(tuple(server)),
+            published,
+            None if checked is None else int(str(checked)),
+            None if updated is None else str(updated),
         )
 
     def save(
@@ -303,33 +336,103 @@ class PostgresCheckpointStore:
         )
         columns = (
             "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets, system_identifier, "
-            "timeline_id)"
+            "timeline_id"
         )
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
         row = (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot)
+        if self._verified is not None:
+            stamp, _ = self._verified
+            self._checked_write(
+                sql.SQL(
+                    f"INSERT INTO {{table}} AS p {columns}, publication_stamp, stamp_checked_xid) "
+                    f"SELECT {values}, found.stamp, {CHECKED_XID} FROM {{sources}} "
+                    f"WHERE found.stamp = %s::jsonb {upsert}, "
+                    "publication_stamp = EXCLUDED.publication_stamp, "
+                    "stamp_checked_xid = EXCLUDED.stamp_checked_xid"
+                ),
+                (*row[:3], stamp.text, *row[3:]),
+                "the position was not recorded",
+            )
+            return
         if self._holder is None:
-            query = sql.SQL(f"INSERT INTO {{}} AS p {columns} VALUES ({values}) {upsert}").format(
+            query = sql.SQL(f"INSERT INTO {{}} AS p {columns}) VALUES ({values}) {upsert}").format(
                 self._table
             )
             self._write(query, row)
             return
         query = sql.SQL(
             "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
-            f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
+            f"INSERT INTO {{}} AS p {columns}) SELECT {values} FROM lease {upsert}"
         ).format(self._lease, self._table)
         cursor = self._write(query, (self._slot, self._holder, *row))
         fenced(cursor.rowcount, "the position was not recorded")
+
+    def _checked_write(self, write: sql.SQL, params: tuple[object, ...], outcome: str) -> None:
+        """``write`` (reading ``found.stamp`` from ``{sources}``, the lease row and the stamp
+        found now, and writing only while it is the verified one) as one statement: written, or
+        LeadershipLost (another holder), or PublicationChanged (another stamp)."""
+        assert self._verified is not None
+        verified, expression = self._verified
+        lease = (
+            sql.SQL("SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE").format(
+                self._lease
+            )
+            if self._holder is not None
+            else sql.SQL("SELECT 1")
+        )
+        query = sql.SQL(
+            "WITH lease AS ({lease}), found AS (SELECT {expression} AS stamp), "
+            "written AS ({write} RETURNING 1) SELECT (SELECT count(*) FROM written), "
+            "(SELECT count(*) FROM lease), (SELECT stamp::text FROM found)"
+        ).format(
+            lease=lease,
+            expression=expression,
+            write=write.format(table=self._table, sources=sql.SQL("lease, found")),
+        )
+        leased = (self._slot, self._holder) if self._holder is not None else ()
+        row = self._write(query, (*leased, *params)).fetchone()
+        assert row is not None
+        written, lease_rows, found = row
+        if written == 1:
+            return
+        fenced(int(str(lease_rows)), outcome)
+        now = PublicationStamp(orjson.loads(str(found)))
+        if now.data == verified.data:
+            fenced(0, outcome)  # no record to update: not this relay's to write any more
+        raise self._changed(verified, now)
+
+    def _changed(self, verified: PublicationStamp, now: PublicationStamp) -> RelayError:
+        """The error of a write that found ``now``: named in detail when the catalogs answer."""
+        try:
+            resume_at = self.load()
+            return change_error(
+                self._conn, verified, now, None if resume_at is None else format_lsn(resume_at)
+            )
+        except (psycopg.Error, RelayError):  # the connection went too: said without detail
+            return change_error(None, verified, now, None)
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
         """Record the row filters the relay relays with (:mod:`cdc_relay.relayed_filters`);
         ``changed`` (they are not those recorded): take the sweep boundary afresh in the same
         statement, for rows decoded under the old filters may not have been published. Fenced by
-        the lease like :meth:`save`."""
+        the lease like :meth:`save`, and, once verified, records the publication's stamp too."""
         encoded = orjson.dumps(dict(filters)).decode()
         boundary = (
             "sweep_from_xid = CASE WHEN %s THEN pg_snapshot_xmax(pg_current_snapshot()) "
             "ELSE sweep_from_xid END"
         )
+        if self._verified is not None:
+            stamp, _ = self._verified
+            self._checked_write(
+                sql.SQL(
+                    f"UPDATE {{table}} SET row_filters = %s::jsonb, {boundary}, "
+                    f"publication_stamp = found.stamp, stamp_checked_xid = {CHECKED_XID} "
+                    "FROM {sources} WHERE slot_name = %s AND found.stamp = %s::jsonb"
+                ),
+                (encoded, changed, self._slot, stamp.text),
+                "nothing was recorded",
+            )
+            return
         if self._holder is None:
             query = sql.SQL(
                 f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s"
@@ -386,15 +489,17 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return int(str(row[0])) if row and row[0] is not None else None
 
-    def restart_sweep_boundary(self) -> None:
-        """Take the sweep boundary afresh (a publication's row filter just changed): rows of
-        transactions from before are left alone, for they were decoded under the old filter and
-        may not have been published. No record yet: the first :meth:`save` takes it."""
+    def restart_sweep_boundary(self) -> int | None:
+        """Take the sweep boundary afresh (a publication's row filter just changed, or the
+        publication itself): rows of transactions from before are left alone, for they were
+        decoded under the old one and may not have been published. Returns the new boundary;
+        None: no record yet (the first :meth:`save` takes it)."""
         query = sql.SQL(
             "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()) "
-            "WHERE slot_name = %s"
+            "WHERE slot_name = %s RETURNING sweep_from_xid::text"
         ).format(self._table)
-        self._run(query, (self._slot,))
+        row = self._run(query, (self._slot,)).fetchone()
+        return None if row is None else int(str(row[0]))
 
     def _run(
         self, query: sql.Composed, params: tuple[object, ...]

@@ -462,6 +462,7 @@ class Relay:
             reconciliation=reconciliation,
             noted=noted,
             resend=self._resend,
+            table_oids=started.table_oids,
         )
         if self.stats.sessions == 1:
             collector.settled()  # its code, the producer, Kafka's client: ~20,000 objects

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import MethodType
 from typing import Any, Final, Protocol
@@ -176,6 +176,7 @@ class Session:
         reconciliation: Reconciliation | None = None,
         noted: dict[tuple[str, int], int] | None = None,
         resend: Resend | None = None,
+        table_oids: Mapping[int, str] | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -194,6 +195,7 @@ class Session:
             confirm_interval=settings.confirm_interval,
             idle_confirm_interval=settings.idle_confirm_interval,
             offsets=offsets,
+            on_changed=owner.fail,
         )
         self.watermark = self.confirmer.watermark
         self.store = store
@@ -222,7 +224,7 @@ class Session:
             wait_for_room=self.wait_for_dead_letter_room,
         )
         self.decode = decoder_for(settings)
-        self.relations = Relations(settings)
+        self.relations = Relations(settings, table_oids)
         self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
         # The prefix of the messages relayed; None while they are off (no prefix equals it).
         self.message_prefix: str | None = settings.message_prefix if settings.messages else None

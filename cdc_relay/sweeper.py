@@ -76,6 +76,10 @@ Guards, checked every pass before anything is deleted:
   when it has a row key that is unique (the delete names rows by it);
 - a table (a partition) whose older rows could soon look younger than its boundary is not swept
   (``sweep`` exits 3) until they are gone.
+- nothing is swept while the publication and the outbox tables are not what the relay verified
+  and recorded with its position (:mod:`cdc_relay.publication_stamp`): the relay records no
+  position past a change, and the start after one takes the sweep boundary afresh; until then,
+  rows committed since may never have been streamed.
 
 The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
 the position that covers it: a relay restarted with another filter takes a new boundary, so rows
@@ -107,6 +111,7 @@ from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.postgres_errors import During, error_for, message
 from cdc_relay.publication_filter import find_mismatch
+from cdc_relay.publication_stamp import sweep_refusal
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
 from cdc_relay.replication.source import connect, relation_oid
@@ -779,8 +784,9 @@ class Sweeper:
         return record
 
     def _refused(self, conn: Connection, record: Record | None) -> dict[str, str]:
-        """Per table, why this sweeper's row filter is not the one the relay relays it with:
-        the relay's recorded filters and, on PostgreSQL 15+, the publication's."""
+        """Per table, why this sweeper's row filter is not the one the relay relays it with (the
+        relay's recorded filters and, on PostgreSQL 15+, the publication's), or why nothing may
+        be swept (the publication is not the one the relay recorded with its position)."""
         tables = [s.table for s in self._tables]
         several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
         found = differences(record.row_filters if record is not None else None, tables)
@@ -801,6 +807,9 @@ class Sweeper:
                     f"{'row filter ' + text if text else 'no row filter'}, and this sweeper's "
                     f"row filter is {mine}: the relay sets the publication's at its start",
                 )
+        stamped = sweep_refusal(conn, record.publication_stamp if record is not None else None)
+        for table in tables if stamped is not None else ():
+            refused.setdefault(table.table, str(stamped))
         return refused
 
     # -- plumbing ----------------------------------------------------------------------------

@@ -15,15 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psycopg
+from psycopg import sql
 
-from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot
+from cdc_relay.checkpoint import LEASE_TABLE, PostgresCheckpointStore, check_missing_slot
 from cdc_relay.commands.output import print_line
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings
 from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, emit_function_ddl, emit_privileges_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.exit_codes import ExitCode
 from cdc_relay.lsn import format_lsn
-from cdc_relay.prerequisites import Prerequisites, Unmet, require
+from cdc_relay.prerequisites import Prerequisites, Unmet, require, verified_stamp
+from cdc_relay.publication_filter import FilterMismatch, find_mismatch
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.replication.failover import wants_failover
 from cdc_relay.replication.source import (
@@ -120,6 +122,9 @@ class _Setup:
         try:
             with self.watched("creating the publication", PUBLICATION_MEANS):
                 created = self.source.ensure_publication()
+                mismatch = find_mismatch(conn, settings.publication_name, settings.tables())
+                if mismatch is not None:
+                    self.refuse_beside_a_relay(mismatch)
                 changed = self.source.ensure_row_filters()
             if changed is not None:
                 self.store.restart_sweep_boundary()
@@ -131,6 +136,39 @@ class _Setup:
         tables = ", ".join(t.table for t in settings.tables())
         self.report(created, f"publication {settings.publication_name} ({tables}; inserts)")
         self.slot()
+
+    def refuse_beside_a_relay(self, mismatch: FilterMismatch) -> None:
+        """Setup would change the publication's row filters while a relay streams the slot (a
+        walsender holds it, or a leader's lease is live): what it streams would change under it
+        — it would stop, naming the change. Refused: the relays' settings own the filters."""
+        slot = self.settings.slot_name
+        state = self.source.slot()
+        holder = state.active_pid if state is not None else None
+        try:
+            lease = self.conn.execute(
+                sql.SQL("SELECT holder FROM {} WHERE slot_name = %s AND expires_at > now()").format(
+                    sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+                ),
+                (slot,),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            lease = None
+        if holder is None and lease is None:
+            return
+        who = (
+            f"walsender pid {holder}"
+            if holder is not None
+            else f"leader {lease[0] if lease else ''}"
+        )
+        raise _SetupFailed(
+            f"publication {mismatch.publication}: a relay streams slot {slot} now ({who}), and "
+            f"setup would change the row filters it streams with ({mismatch.describe()}): it "
+            "would stop, and the rows the new filter leaves out until then would never reach "
+            "it. Stop the relays of the slot first and give them the same row filter (a relay "
+            "sets the publication's filters as its settings say when it starts), or run setup "
+            "with the relays' settings",
+            SourceSetupError.exit_code,
+        )
 
     def messages(self) -> None:
         """With messages on, ``sql/004_outbox_emit.sql``: ``outbox_emit`` (re)made the writers'
@@ -180,8 +218,15 @@ class _Setup:
             except SourceSetupError as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             start = slot.confirmed_flush or 0
-            # As the relay does after creating its slot: from now on a lost slot is detected.
+            # As the relay does after creating its slot: from now on a lost slot is detected,
+            # and a publication changed before the relay first starts is too.
             self.store.save(start, new_slot=True)
+            try:
+                self.store.verify(verified_stamp(self.conn, settings))
+            except RelayError as exc:
+                raise _SetupFailed(
+                    f"publication {settings.publication_name}: {exc}", exc.exit_code
+                ) from None
             self.store.record_row_filters(recorded_form(settings.tables()), changed=False)
             self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
             return

@@ -5,7 +5,7 @@ is published as its partition's, a table the relay does not relay)."""
 
 from __future__ import annotations
 
-from cdc_relay.ddl import create_publication_statement
+from cdc_relay.ddl import create_publication_statement, set_row_filters_statement
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.publication_filter import find_mismatch, row_filters_supported
 from cdc_relay.replication.source import relation_oid, scalar
@@ -41,8 +41,9 @@ class PublicationChecks(Checks):
             raise Unmet(
                 f"{name} publishes ALL TABLES (Debezium's default), so every write of the "
                 "database is decoded and sent to the relay, which drops all but the outbox "
-                f"inserts: replace it in one transaction (no gap for the slot): BEGIN; DROP "
-                f"PUBLICATION {name}; {create} COMMIT;"
+                "inserts: replace it in one transaction (no gap for the slot; a relay streaming "
+                "meanwhile stops, exit 3, and resumes where it stopped at its next start): "
+                f"BEGIN; DROP PUBLICATION {name}; {create} COMMIT;"
             )
         filtered = ""
         if any(t.row_filter for t in self.tables):
@@ -52,7 +53,7 @@ class PublicationChecks(Checks):
                 else ", rows filtered by the relay (this server has no publication row filters)"
             )
         published = self._published_tables(name)
-        problems = self._coverage(name, published, insert)
+        problems = self._coverage(name, published, insert) + self._column_lists(name)
         partitions = {leaf for leaves in self._partitioned(name)[1].values() for leaf in leaves}
         extra = sorted(published - set(wanted) - partitions)
         if extra:
@@ -87,9 +88,50 @@ class PublicationChecks(Checks):
         if insert is None:
             return f"{name} does not exist yet"
         problems = self._coverage(name, self._published_tables(name), bool(insert))
+        problems += self._column_lists(name)
         if problems:
             raise Unmet(f"{name}: " + "; ".join(problems))
         return f"{name} publishes the inserts of every outbox table"
+
+    def publication_streams(self) -> str:
+        """:meth:`publication_covers`, and the publication must exist: what the relay verifies
+        once it has made it (:func:`cdc_relay.prerequisites.verified_stamp`)."""
+        found = self.publication_covers()
+        if found.endswith("does not exist yet"):
+            raise Unmet(
+                f"{self.settings.publication_name} does not exist (dropped while the relay "
+                "started?): start the relay again, which creates it"
+            )
+        return found
+
+    def _column_lists(self, name: str) -> list[str]:
+        """PostgreSQL 15+: a column list that leaves out a column the relay reads (rows would
+        arrive without it and be dead-lettered)."""
+        if not row_filters_supported(self.conn):
+            return []
+        rows = self.conn.execute(
+            "SELECT schemaname || '.' || tablename, attnames::text[] "
+            "FROM pg_catalog.pg_publication_tables WHERE pubname = %s",
+            (name,),
+        ).fetchall()
+        published = {
+            str(table): [str(c) for c in columns] if isinstance(columns, list) else []
+            for table, columns in rows
+        }
+        problems = []
+        for table in self.tables:
+            columns = published.get(table.table)
+            if columns is None:
+                continue  # not published: _coverage says so
+            needed = [*table.columns.mapped, *(table.filter.columns if table.filter else ())]
+            lacking = [c for c in dict.fromkeys(needed) if c not in columns]
+            if lacking:
+                fix = set_row_filters_statement(name, [table]).as_string(self.conn)
+                problems.append(
+                    f"its column list for {table.table} lacks {', '.join(lacking)}, which the "
+                    f"relay reads: publish every column again: run {fix}"
+                )
+        return problems
 
     def _published_tables(self, name: str) -> set[str]:
         rows = self.conn.execute(

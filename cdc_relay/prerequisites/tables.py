@@ -21,6 +21,8 @@ ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "character varying", "bytea"})
 CONDITION_TYPES = frozenset({"text", "character varying"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
+TABLE_KINDS = frozenset({"r", "p"})  # pg_class.relkind of a table, of a partitioned table
+RELATION_KINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
 # PostgreSQL's first OID of objects created after initdb: a collation at or above it is
 # user-defined, which a publication's row filter may not use.
 FIRST_NORMAL_OBJECT_ID = 16384
@@ -143,14 +145,32 @@ class TableChecks(Checks):
                     )
         return problems
 
-    def _missing_columns(self, table: OutboxTable) -> str | None:
-        missing = missing_columns(self.conn, table)
-        if missing is None:
+    def table_kind(self, table: OutboxTable) -> str:
+        """The name is a table's (a view keeping a renamed outbox's name streams nothing)."""
+        oid = relation_oid(self.conn, table)
+        kind = None
+        if oid is not None:
+            kind = scalar(self.conn, "SELECT relkind::text FROM pg_class WHERE oid = %s", oid)
+        if kind is None:
             raise Unmet(
                 f"does not exist{missing_table_hint(self.conn, table)}: create it "
                 f"(sql/{OUTBOX_SQL}, or python -m cdc_relay setup --create-outbox), or point "
                 "CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES at your table"
             )
+        if kind not in TABLE_KINDS:
+            what = RELATION_KINDS.get(str(kind), f"a relation of kind {kind}")
+            raise Unmet(
+                f"is {what}, not a table: the relay streams a table's inserts. If it keeps the "
+                "name of a renamed outbox, point CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES "
+                "at the table itself (docs/operations/dba-changes.md)"
+            )
+        return "a table"
+
+    def _missing_columns(self, table: OutboxTable) -> str | None:
+        self.table_kind(table)
+        missing = missing_columns(self.conn, table)
+        if missing is None:
+            raise Unmet(f"does not exist{missing_table_hint(self.conn, table)}")
         if not missing:
             return None
         return (

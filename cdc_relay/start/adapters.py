@@ -17,8 +17,9 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
 from cdc_relay.leadership import Leadership, terminate_backend
-from cdc_relay.prerequisites import require, require_usable_slot
+from cdc_relay.prerequisites import require, require_usable_slot, verified_stamp
 from cdc_relay.publication_filter import FilterMismatch
+from cdc_relay.publication_stamp import Change, PublicationStamp, parse, unrelayed_changes
 from cdc_relay.record_origin import history_switches
 from cdc_relay.replication.failover import ensure_failover, promotion_note, wants_failover
 from cdc_relay.replication.source import (
@@ -106,6 +107,14 @@ class PostgresStart:
             settings.plugin.value,
         )
         self._heartbeats = Heartbeats(self._conn)
+        # One store: once verified (see StartSequence.prepare) its writes check the publication.
+        self._store = PostgresCheckpointStore(
+            self._conn,
+            settings.state_schema,
+            settings.slot_name,
+            holder=leadership.holder,
+            watched=self._watched,
+        )
 
     def _watch(self, what: str, means: str = START_MEANS) -> AbstractContextManager[None]:
         return self._watched(what, means)
@@ -126,16 +135,17 @@ class PostgresStart:
         with self._watch("setting the publication's row filters", PUBLICATION_MEANS):
             return self._source.ensure_row_filters()
 
+    def publication_stamp(self) -> PublicationStamp:
+        with self._watch("reading and verifying the publication"):
+            return verified_stamp(self._conn, self._settings)
+
+    def unrelayed(self, recorded: object, found: PublicationStamp) -> list[Change]:
+        with self._watch("comparing the publication with the recorded one"):
+            return unrelayed_changes(self._conn, parse(recorded), found)
+
     def store(self) -> PostgresCheckpointStore:
         """The position record, written only while this process holds the leader lease."""
-        settings = self._settings
-        return PostgresCheckpointStore(
-            self._conn,
-            settings.state_schema,
-            settings.slot_name,
-            holder=self._leadership.holder,
-            watched=self._watched,
-        )
+        return self._store
 
     def slot(self) -> SlotState | None:
         with self._watch("reading the replication slot"):

@@ -19,6 +19,7 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.local import LocalPostgres
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.prerequisites import verified_stamp
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.sweeper import Sweeper, SweepResult
 from tests.conftest import LOCAL_POSTGRES_SETTINGS, skip_if_external
@@ -74,6 +75,7 @@ class _Outbox:
             store = self.store(conn)
             store.ensure_table()
             store.save(self._insert_lsn(conn), new_slot=True)
+            store.verify(verified_stamp(conn, self.settings()))  # the publication it verified
             store.record_row_filters(recorded_form(self.settings().tables()), changed=False)
             boundary = store.load_sweep_boundary()
         assert boundary is not None

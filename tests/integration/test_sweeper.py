@@ -25,6 +25,7 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.publication_stamp import StampQuery, read_stamp
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.row_key import key_types
 from cdc_relay.sweep_queries import Eligible, page_statement, select_page
@@ -76,6 +77,18 @@ def _ids(records: list[Record]) -> Counter[str]:
 def _remaining(url: str) -> set[str]:
     with psycopg.connect(url, autocommit=True) as conn:
         return {str(r[0]) for r in conn.execute("SELECT id FROM outbox").fetchall()}
+
+
+def _record_relayed(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> None:
+    """What a relay's start records beside its position: its row filters, and the publication
+    as it verified it (cdc_relay.publication_stamp)."""
+    store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+    tables = settings.tables()
+    query = StampQuery.of(
+        settings.plugin, settings.publication_name, tables, conn.info.server_version
+    )
+    store.verify(read_stamp(conn, query))
+    store.record_row_filters(recorded_form(tables), changed=False)
 
 
 def _events(count: int, prefix: str) -> list[Event]:
@@ -551,8 +564,7 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
     settings = relay_settings(env, outbox_tables=tables)
     sweeper = Sweeper(settings)
     with psycopg.connect(database, autocommit=True) as conn:  # as the relay records them
-        store = PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"])
-        store.record_row_filters(recorded_form(settings.tables()), changed=False)
+        _record_relayed(conn, settings)
 
     result = sweeper.sweep_until_done(timeout=1)
     assert result.deleted == 0, "no publication: nothing is relayed, so nothing is swept"
@@ -565,6 +577,7 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
             f"CREATE PUBLICATION {publication} FOR TABLE outbox, outbox2 "
             "WITH (publish = 'insert')".encode()
         )
+        _record_relayed(conn, settings)  # a relay's start under the new publication
         sweeper.sweep_once()  # selects the candidates, below the WAL end as of now
         # A record covering them all (as far as a record can: the WAL's end), so that only the
         # guards keep rows now.

@@ -263,7 +263,10 @@ def test_privileges_pass_with_the_sweepers_grants_and_name_what_is_missing() -> 
 
 # -- tables -----------------------------------------------------------------------------------
 
-TABLE_OID = {"FROM pg_class c JOIN pg_namespace n": [(16400,)]}
+TABLE_OID = {
+    "FROM pg_class c JOIN pg_namespace n": [(16400,)],
+    "SELECT relkind::text FROM pg_class": [("r",)],
+}
 ALL_COLUMNS = [
     (name,) for name in ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
 ]
@@ -327,6 +330,10 @@ def test_table_check_refuses_a_payload_of_another_type() -> None:
 PUBLICATION_ROW = "pg_get_userbyid(pubowner) FROM pg_publication"
 PUBLISHED = "FROM pg_publication_tables WHERE pubname"
 ROW_FILTERS = "t.rowfilter"
+COLUMN_LISTS = "attnames::text[]"
+EVERY_COLUMN = [
+    "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at"
+]  # fmt: skip
 
 
 def test_publication_passes_when_it_publishes_exactly_the_outbox_inserts() -> None:
@@ -334,6 +341,7 @@ def test_publication_passes_when_it_publishes_exactly_the_outbox_inserts() -> No
         PUBLICATION_ROW: [(False, True, False, False, False, "app")],
         PUBLISHED: [("public.outbox",)],
         ROW_FILTERS: [("public.outbox", None, True, False)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN)],
     }
     assert checks(answers).publication.publication() == (
         "outbox_pub (owner app) publishes inserts of public.outbox only"
@@ -356,6 +364,7 @@ def test_publication_fails_for_extra_tables_and_actions_with_each_fix() -> None:
         PUBLICATION_ROW: [(False, True, False, True, False, "app")],
         PUBLISHED: [("public.outbox",), ("public.orders",)],
         ROW_FILTERS: [("public.outbox", None, True, False), ("public.orders", None, True, False)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN), ("public.orders", ["id"])],
     }
     failed = unmet(checks(answers).publication.publication)
     assert failed.fix == (
@@ -386,15 +395,50 @@ def test_a_missing_publication_says_who_may_create_it() -> None:
 def test_publication_covers_passes_for_none_yet_and_fails_for_a_table_it_lacks() -> None:
     absent: Answers = {"SELECT pubinsert FROM pg_publication": []}
     assert checks(absent).publication.publication_covers() == "outbox_pub does not exist yet"
-    lacking = {"SELECT pubinsert FROM pg_publication": [(True,)], PUBLISHED: []}
+    lacking = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [],
+        COLUMN_LISTS: [],
+    }
     assert unmet(checks(lacking).publication.publication_covers).fix == (
         "outbox_pub: it lacks public.outbox: run ALTER PUBLICATION outbox_pub ADD TABLE "
         "public.outbox"
     )
-    covered = {"SELECT pubinsert FROM pg_publication": [(True,)], PUBLISHED: [("public.outbox",)]}
+    covered = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [("public.outbox",)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN)],
+    }
     assert checks(covered).publication.publication_covers() == (
         "outbox_pub publishes the inserts of every outbox table"
     )
+
+
+def test_a_column_list_without_a_column_the_relay_reads_fails_naming_the_fix() -> None:
+    """Rows would arrive without the column, to be dead-lettered: the relay does not start."""
+    answers = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [("public.outbox",)],
+        COLUMN_LISTS: [("public.outbox", ["id", "aggregate_type", "event_type", "created_at"])],
+    }
+    filtered = checks(answers, outbox_row_filter="event_type = 'x'")
+    assert unmet(filtered.publication.publication_covers).fix == (
+        "outbox_pub: its column list for public.outbox lacks aggregate_id, payload, which the "
+        'relay reads: publish every column again: run ALTER PUBLICATION "outbox_pub" DROP '
+        'TABLE "public"."outbox"; ALTER PUBLICATION "outbox_pub" ADD TABLE "public"."outbox" '
+        "WHERE ((\"event_type\" = 'x'))"
+    )
+
+
+def test_a_view_under_the_outbox_tables_name_is_not_the_outbox() -> None:
+    """A renamed outbox whose old name a view keeps: the relay streams tables only."""
+    answers = {
+        "FROM pg_class c JOIN pg_namespace n": [(16400,)],
+        "SELECT relkind::text FROM pg_class": [("v",)],
+    }
+    prerequisites = checks(answers, sweep_interval=0)
+    failed = unmet(prerequisites.outbox.table_columns, prerequisites.tables[0])
+    assert failed.fix.startswith("is a view, not a table: the relay streams a table's inserts")
 
 
 # -- slot -------------------------------------------------------------------------------------

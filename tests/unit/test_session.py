@@ -20,6 +20,7 @@ from cdc_relay.errors import (
     LeadershipLost,
     PoisonRecordError,
     ProtocolError,
+    PublicationChanged,
     SinkUnavailable,
     StopSession,
 )
@@ -227,6 +228,19 @@ def test_the_stop_policy_fails_and_confirms_nothing_past_the_poison_record() -> 
     assert harness.sink.on_topic(DEAD_LETTER) == []
     first_commit = _commits(FRAMES)[0]
     assert harness.store.saved == [first_commit], "only the transaction before the poison row"
+
+
+def test_a_publication_changed_under_the_relay_stops_it_and_nothing_more_is_confirmed() -> None:
+    """A write of the position finds another publication: it writes nothing, the relay is told
+    to stop at once, and neither the loop nor the clean stop tries again."""
+    harness = Harness([*FRAMES, keepalive_frame(0x7000000)])
+    harness.store.changed_after = 0
+    harness.run()
+    assert isinstance(harness.owner.failure, PublicationChanged)
+    assert "changed under the relay" in str(harness.owner.failure)
+    assert harness.store.saved == []
+    assert harness.store.attempts == 1
+    assert all(flushed == 0 for _, flushed in harness.source.statuses)
 
 
 class _FullDeadLetterQueue(FakeSink):
