@@ -65,16 +65,28 @@ def icu_missing(postgres: PostgresServer) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def row_filters_missing(postgres: PostgresServer) -> str | None:
-    """Why publications on the test server cannot filter rows, or None when they can."""
+def _publication_lacks(postgres: PostgresServer, column: str, what: str) -> str | None:
+    """Why publications on the test server lack ``what`` (their catalog has no ``column``)."""
     with psycopg.connect(postgres.url("postgres"), autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pg_publication_rel'::regclass "
-            "AND attname = 'prqual'"
+            "AND attname = %s",
+            (column,),
         ).fetchone()
         version = conn.execute("SHOW server_version").fetchone()
     if row is not None and row[0]:
         return None
     shown = version[0] if version else "?"
-    return f"publications of PostgreSQL {shown} have no row filters (pg_publication_rel.prqual)"
+    return f"publications of PostgreSQL {shown} have no {what} (pg_publication_rel.{column})"
+
+
+@pytest.fixture(scope="session")
+def row_filters_missing(postgres: PostgresServer) -> str | None:
+    """Why publications on the test server cannot filter rows, or None when they can."""
+    return _publication_lacks(postgres, "prqual", "row filters")
+
+
+@pytest.fixture(scope="session")
+def column_lists_missing(postgres: PostgresServer) -> str | None:
+    """Why publications on the test server cannot list columns, or None when they can."""
+    return _publication_lacks(postgres, "prattrs", "column lists")
