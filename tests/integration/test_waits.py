@@ -211,10 +211,12 @@ def test_a_row_lock_on_the_position_record_is_named_the_leader_keeps_its_lease_a
         relay.wait_streaming(START_WITHIN)
         write_transactions(database, [events[:3]])
         consume_all(broker.bootstrap_servers, [topic], 3, 30)
-        before = _recorded(database, slot)
         with psycopg.connect(database, autocommit=True, application_name="owner psql") as held:
             held.execute("BEGIN")
             held.execute(lock_row.format(sql.Literal(slot)))
+            # Read once the row is held: the relay may have recorded the three events' position
+            # only after they were consumed, and nothing can record it past this now.
+            before = _recorded(database, slot)
             pid = held.info.backend_pid
             write_transactions(database, [events[3:6]])
             line = _named(relay, "recording the position")
