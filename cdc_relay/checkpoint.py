@@ -30,6 +30,7 @@ from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
+from cdc_relay.recovery.horizon import Fence, Horizon, HorizonTracker, Snapshot, horizon_from_json
 
 STATE_TABLE = "slot_position"
 LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
@@ -44,6 +45,8 @@ STATE_COLUMNS = {
         "system_identifier",
         "timeline_id",
         "row_filters",
+        "recovery_horizon",
+        "recovery",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
@@ -51,6 +54,49 @@ STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
 DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state tables' DDL
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
+
+# What each write of the position returns: its fence (cdc_relay.recovery.horizon) and the record.
+_FENCE_SQL = (
+    "pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, pg_current_xact_id()::text, "
+    "p.sweep_from_xid::text, p.acked_offsets::text, p.written_from::text, "
+    "p.recovery_horizon::text"
+)
+
+
+def _new_slot_horizon(boundary: str, position: str) -> str:
+    """The horizon of a new slot's boundary (SQL, braces doubled for ``sql.SQL.format``): nothing
+    proven, and every record of a row of it still to come (no offsets).
+
+    Exact only there: creating the slot waited for every transaction running, so none at or after
+    the boundary committed before the slot's start. A boundary restarted under a running relay
+    (a row filter changed) gets none (NULL): a transaction may then be waiting for a synchronous
+    standby with its commit already streamed, and its id above the boundary; the relay's next
+    writes take the first horizon from their own fences."""
+    return (
+        f"jsonb_build_object('boundary', ({boundary})::text, 'snapshot', ({boundary})::text "
+        f"|| ':' || ({boundary})::text || ':', 'offsets', '{{{{}}}}'::jsonb, "
+        f"'noted', '{{{{}}}}'::jsonb, 'position', ({position})::text)"
+    )
+
+
+_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())"  # a boundary taken in a statement
+
+
+def fence_from_row(row: tuple[object, ...], position: int) -> tuple[Fence, Horizon | None]:
+    """A write's fence and the horizon it left, from its :data:`_FENCE_SQL` columns."""
+    snapshot, insert_lsn, xid, boundary, offsets, noted, horizon = row
+    parsed = Snapshot.parse(str(snapshot))
+    assert parsed is not None  # PostgreSQL's own text
+    fence = Fence(
+        boundary=int(str(boundary)) if boundary is not None else 0,
+        snapshot=parsed,
+        insert_lsn=parse_lsn(str(insert_lsn)),
+        xid=int(str(xid)),
+        position=position,
+        offsets=decode_offsets(offsets) or {},
+        noted=decode_offsets(noted) or {},
+    )
+    return fence, horizon_from_json(horizon)
 
 
 def fenced(rowcount: int, outcome: str) -> None:
@@ -110,6 +156,8 @@ class Record:
     sweep_from_xid: int | None
     row_filters: object  # as stored (JSON); judged by cdc_relay.relayed_filters
     server: Server
+    horizon: Horizon | None = None  # what the record proves published (cdc_relay.recovery)
+    recovery: object = None  # a recovery's plan and progress, as stored (JSON)
 
 
 class CheckpointStore(Protocol):
@@ -137,6 +185,8 @@ class PostgresCheckpointStore:
         self._slot = slot_name
         # The relay's leadership id: every write is then fenced by the lease (see save()).
         self._holder = holder
+        # What the writes of the position proved published (cdc_relay.recovery.horizon).
+        self.horizons = HorizonTracker()
 
     def inspect(self, table: str = STATE_TABLE) -> StateTable:
         """What the catalogs say about a state table, for this role; reads, never writes."""
@@ -224,7 +274,8 @@ class PostgresCheckpointStore:
         identity and WAL end — all in one snapshot (:mod:`cdc_relay.record_origin`)."""
         query = sql.SQL(
             "SELECT p.confirmed_lsn::text, p.system_identifier, p.timeline_id, "
-            f"p.sweep_from_xid::text, p.row_filters, {SERVER_SQL} "
+            "p.sweep_from_xid::text, p.row_filters, p.recovery_horizon::text, p.recovery, "
+            f"{SERVER_SQL} "
             "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
         ).format(self._table)
         try:
@@ -238,7 +289,7 @@ class PostgresCheckpointStore:
                 f"GRANT EXECUTE ON FUNCTION pg_control_system() TO {user}"
             ) from None
         assert row is not None
-        lsn, system_identifier, timeline, boundary, filters, *server = row
+        lsn, system_identifier, timeline, boundary, filters, horizon, recovery, *server = row
         stamp = (
             None
             if lsn is None
@@ -253,6 +304,8 @@ class PostgresCheckpointStore:
             None if boundary is None else int(str(boundary)),
             filters,
             server_from_row(tuple(server)),
+            horizon_from_json(horizon),
+            recovery,
         )
 
     def save(
@@ -275,7 +328,11 @@ class PostgresCheckpointStore:
         Every write stamps the record with the server it is written on (see
         :mod:`cdc_relay.record_origin`): a primary, the one whose slot the position is of.
         """
-        values = f"%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb, {STAMP_SQL}"
+        horizon = self.horizons.to_record(lsn)
+        values = (
+            f"%s, %s::pg_lsn, {_NEXT_XID}, %s::jsonb, {STAMP_SQL}, "
+            f"CASE WHEN %s THEN {_new_slot_horizon(_NEXT_XID, '%s::pg_lsn')} END"
+        )
         upsert = (
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
             "system_identifier = EXCLUDED.system_identifier, "
@@ -284,26 +341,40 @@ class PostgresCheckpointStore:
             "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
             "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
             "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END, "
-            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END"
+            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END, "
+            # A new boundary starts with nothing proven; a horizon is written only under the
+            # boundary it is of (cdc_relay.recovery.horizon).
+            "recovery_horizon = CASE WHEN %s THEN EXCLUDED.recovery_horizon "
+            "WHEN p.sweep_from_xid = (%s::jsonb->>'boundary')::xid8 THEN %s::jsonb "
+            "WHEN p.sweep_from_xid IS NULL THEN NULL ELSE p.recovery_horizon END "
+            f"RETURNING {_FENCE_SQL}"
         )
         columns = (
             "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets, system_identifier, "
-            "timeline_id)"
+            "timeline_id, recovery_horizon)"
         )
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
-        row = (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot)
+        text = None if horizon is None else horizon.text
+        row = (
+            self._slot, format_lsn(lsn), encoded, new_slot, format_lsn(lsn),
+            new_slot, new_slot, new_slot, new_slot, text, text,
+        )  # fmt: skip
         if self._holder is None:
             query = sql.SQL(f"INSERT INTO {{}} AS p {columns} VALUES ({values}) {upsert}").format(
                 self._table
             )
-            self._write(query, row)
-            return
-        query = sql.SQL(
-            "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
-            f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
-        ).format(self._lease, self._table)
-        cursor = self._write(query, (self._slot, self._holder, *row))
-        fenced(cursor.rowcount, "the position was not recorded")
+            cursor = self._write(query, row)
+        else:
+            query = sql.SQL(
+                "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
+                f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
+            ).format(self._lease, self._table)
+            cursor = self._write(query, (self._slot, self._holder, *row))
+            fenced(cursor.rowcount, "the position was not recorded")
+        returned = cursor.fetchone()
+        if returned is not None:
+            fence, stored = fence_from_row(tuple(returned), lsn)
+            self.horizons.written(fence, stored)
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
         """Record the row filters the relay relays with (:mod:`cdc_relay.relayed_filters`);
@@ -313,20 +384,21 @@ class PostgresCheckpointStore:
         encoded = orjson.dumps(dict(filters)).decode()
         boundary = (
             "sweep_from_xid = CASE WHEN %s THEN pg_snapshot_xmax(pg_current_snapshot()) "
-            "ELSE sweep_from_xid END"
+            "ELSE sweep_from_xid END, recovery_horizon = CASE WHEN %s THEN NULL "
+            "ELSE recovery_horizon END"
         )
         if self._holder is None:
             query = sql.SQL(
                 f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s"
             ).format(self._table)
-            self._run(query, (encoded, changed, self._slot))
+            self._run(query, (encoded, changed, changed, self._slot))
             return
         query = sql.SQL(
             "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
             f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s "
             "AND EXISTS (SELECT 1 FROM lease)"
         ).format(self._lease, self._table)
-        cursor = self._run(query, (self._slot, self._holder, encoded, changed, self._slot))
+        cursor = self._run(query, (self._slot, self._holder, encoded, changed, changed, self._slot))
         fenced(cursor.rowcount, "nothing was recorded")
 
     def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
@@ -376,8 +448,8 @@ class PostgresCheckpointStore:
         transactions from before are left alone, for they were decoded under the old filter and
         may not have been published. No record yet: the first :meth:`save` takes it."""
         query = sql.SQL(
-            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()) "
-            "WHERE slot_name = %s"
+            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()), "
+            "recovery_horizon = NULL WHERE slot_name = %s"
         ).format(self._table)
         self._run(query, (self._slot,))
 

@@ -180,6 +180,17 @@ def _sweep_flags(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _recover_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--wait",
+        type=_wait_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the leadership while a relay leads (60; "
+        f"{SWEEP_WAIT_BOUNDS.describe()})",
+    )
+
+
 def _setup_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--create-outbox",
@@ -200,6 +211,7 @@ _OWN_FLAGS = {
     "demo": _demo_flags,
     "status": _status_flags,
     "sweep": _sweep_flags,
+    "recover": _recover_flags,
     "setup": _setup_flags,
     "settings": _settings_flags,
 }

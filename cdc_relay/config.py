@@ -98,6 +98,13 @@ class MissingTopics(StrEnum):
     FAIL = "fail"  # the record is refused (dead-letter or stop) with an error naming the topic
 
 
+class OnSlotLoss(StrEnum):
+    """What a start does when the slot was dropped or invalidated after the relay used it."""
+
+    REFUSE = "refuse"  # exit 4, naming `cdc-relay recover`
+    RECOVER = "recover"  # the leader recovers: a new slot, every unpublished row published
+
+
 class SlotFailover(StrEnum):
     """Whether the relay's slot is a failover slot (PostgreSQL 17+: synchronised to standbys)."""
 
@@ -673,6 +680,15 @@ class Settings(BaseSettings):
             "(accepts that events in the gap are not relayed)."
         ),
     )
+    on_slot_loss: OnSlotLoss = Field(
+        OnSlotLoss.REFUSE,
+        description=(
+            "The slot was dropped or invalidated (max_slot_wal_keep_size) after the relay used "
+            "it: refuse to start (exit 4, naming cdc-relay recover), or recover at the start: a "
+            "new slot, and every outbox row the relay has not provably published is published, "
+            "in commit order, none twice."
+        ),
+    )
     slot_failover: SlotFailover = Field(
         SlotFailover.AUTO,
         description=(
@@ -991,6 +1007,7 @@ SETTING_PARTS: dict[Part, tuple[str, ...]] = {
         "confirm_interval",
         "idle_confirm_interval",
         "shutdown_timeout",
+        "on_slot_loss",
         "allow_slot_reset",
     ),
     Part.LEADERSHIP: ("leader_lease_timeout", "leader_renew_interval"),
@@ -1006,7 +1023,7 @@ SETTING_PARTS: dict[Part, tuple[str, ...]] = {
 }
 
 # Settings only some commands need (the rest need what has no default): the commands by name.
-REQUIRED_BY: dict[str, tuple[str, ...]] = {"kafka_bootstrap_servers": ("run", "check")}
+REQUIRED_BY: dict[str, tuple[str, ...]] = {"kafka_bootstrap_servers": ("run", "check", "recover")}
 
 
 def env_name(field: str) -> str:

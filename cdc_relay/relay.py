@@ -150,7 +150,9 @@ class Relay:
             settings,
             self.stats,
             leadership,
-            connect=lambda: PostgresStart(settings, leadership),
+            connect=lambda: PostgresStart(
+                settings, leadership, self.stats, stopping=lambda: self.stopping
+            ),
             read_back=kafka_read_back(settings, lambda: self.stopping),
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,

@@ -26,6 +26,13 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS timeline_id integer
 -- The row filters the relay relays with (a JSON object: table -> condition, null for none), set
 -- at its start: the sweeper deletes only rows of these filters, and refuses to sweep with others.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS row_filters jsonb;
+-- What the relay has provably published (a JSON object: the sweep boundary, a snapshot whose
+-- outbox rows Kafka acknowledged, and the offsets after which the records of any later row lie),
+-- written with the position: `cdc-relay recover` re-publishes only rows it does not prove.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS recovery_horizon jsonb;
+-- A recovery of a lost slot, while it runs and after (a JSON object: its new slot, its snapshot,
+-- what it has published so far): an interrupted recovery is resumed from it, without duplicates.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS recovery jsonb;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

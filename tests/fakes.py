@@ -37,6 +37,7 @@ from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
 from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
+from cdc_relay.recovery.plan import Cause
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
 from cdc_relay.transaction_errors import transaction_failure
@@ -488,6 +489,17 @@ class FakeStartDatabase:
     def create_slot(self, failover: bool) -> SlotState:
         self.slot_state = slot_at(self.wal_end or 0)
         self.journal.append("create_slot")
+        return self.slot_state
+
+    def drop_slot(self) -> None:
+        self.journal.append("drop_slot")
+        self.slot_state = None
+
+    def recover(self, record: PositionRecord, cause: Cause, failover: bool) -> SlotState:
+        """A recovery: the new slot at the WAL's end, its start recorded."""
+        self.slot_state = slot_at(self.wal_end or 0)
+        self.recorded = self.slot_state.confirmed_flush
+        self.journal.append(("recover", cause.value))
         return self.slot_state
 
     def end_backend(self, pid: int) -> None:

@@ -88,6 +88,21 @@ COMMANDS: tuple[Command, ...] = (
         (*_ALWAYS, ExitCode.FAILED, ExitCode.PREREQUISITE, ExitCode.POSITION),
     ),
     Command(
+        "recover",
+        "recover a lost slot: publish what never reached Kafka",
+        "For a replication slot that was dropped, or invalidated by max_slot_wal_keep_size, "
+        "after the relay used it: creates a new slot with a snapshot of its start, publishes "
+        "every outbox row committed before it that the relay has not provably published (in "
+        "commit order, with the same mapping, headers and dead-lettering as the stream; rows "
+        "in doubt are read back from Kafka, none is sent twice), and records the new slot. "
+        "It leads like a relay (waiting --wait seconds for a leading relay); stopped, it "
+        "resumes when run again. Does nothing when the slot is usable.",
+        "CDC_RELAY_DATABASE_URL and CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS, with the relay's "
+        "settings (its slot, tables, topics).",
+        "cdc-relay recover --slot-name orders_relay",
+        (*_ALWAYS, ExitCode.FAILED, ExitCode.PREREQUISITE, ExitCode.POSITION, ExitCode.POISON),
+    ),
+    Command(
         "settings",
         "every setting: variable, flag, type, default, bounds, meaning",
         "Lists every setting, grouped by the part of the relay it configures, with its "

@@ -97,6 +97,8 @@ class RelayStats:
     # the process was launched (cdc_relay.observability.launch). None until it is sent.
     start_replication_monotonic: float | None = None
     start_replication_after_launch_s: float | None = None
+    # A recovery of a lost slot, as it goes (cdc_relay.recovery.plan.Plan.summary); None: none
+    recovery: dict[str, object] | None = None
 
     @property
     def leading(self) -> bool:
@@ -144,4 +146,5 @@ class RelayStats:
             "swept_rows": self.sweeper.deleted_total if self.sweeper else None,
             "rows_waiting_to_be_swept": self.sweeper.rows_waiting if self.sweeper else None,
             "last_sweep_at": self.sweeper.last_sweep_at if self.sweeper else None,
+            "recovery": self.recovery,
         }

@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 
 from cdc_relay.checkpoint import Record, check_missing_slot, resolve_start
-from cdc_relay.config import Settings
+from cdc_relay.config import OnSlotLoss, Settings, env_name
 from cdc_relay.errors import PositionMismatch, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability import launch
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.record_origin import problem, refusal
+from cdc_relay.recovery.loss import in_progress, interrupted, slot_loss, what_happened
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.plan import Cause
 from cdc_relay.relayed_filters import differences, recorded_form
 from cdc_relay.replication.source import SlotState
 
@@ -97,6 +100,13 @@ class StartDatabase(Protocol):
     def slot(self) -> SlotState | None: ...
 
     def create_slot(self, failover: bool) -> SlotState: ...
+
+    def drop_slot(self) -> None:
+        """Drop the (invalidated) slot: a start that accepts the gap creates it again."""
+
+    def recover(self, record: Record, cause: Cause, failover: bool) -> SlotState:
+        """Recover the lost slot (:mod:`cdc_relay.recovery`): the new slot, once the position
+        record has its start."""
 
     def end_backend(self, pid: int) -> None: ...
 
@@ -264,6 +274,14 @@ class StartSequence:
             self.stats.start_replication_monotonic = instant.monotonic
             self.stats.start_replication_after_launch_s = instant.since_launch
 
+    def prepared(self) -> int:
+        """Prepare on a connection of its own, closed after: ``cdc-relay recover``'s start."""
+        database = self._connect()
+        try:
+            return self.prepare(database)
+        finally:
+            database.close()
+
     def prepare(self, database: StartDatabase, *, checked: bool = False) -> int:
         """Check the database, create what is missing, and decide where to start.
 
@@ -302,6 +320,7 @@ class StartSequence:
             store.save(carried, acknowledged.offsets if carried == acknowledged.position else None)
             recorded = carried
         slot = database.slot()
+        slot, recorded = self._lost_slot(database, record, slot, recorded, failover)
         if slot is None:
             warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
             slot = database.create_slot(failover)
@@ -346,6 +365,44 @@ class StartSequence:
         store.record_row_filters(filters, refiltered)
         self.stats.confirmed_lsn = start
         return start
+
+    def _lost_slot(
+        self,
+        database: StartDatabase,
+        record: Record,
+        slot: SlotState | None,
+        recorded: int | None,
+        failover: bool,
+    ) -> tuple[SlotState | None, int | None]:
+        """A slot dropped or invalidated after the relay used it, or a recovery not yet ended:
+        refused (exit 4, naming ``cdc-relay recover``), recovered (``CDC_RELAY_ON_SLOT_LOSS=
+        recover``), or — with ``CDC_RELAY_ALLOW_SLOT_RESET`` — an invalidated slot dropped, so
+        that a new one is created over the gap. The slot and recorded position to go on with."""
+        settings = self.settings
+        cause = slot_loss(slot, recorded)
+        plan = in_progress(record.recovery)
+        if cause is None and plan is None:
+            return slot, recorded
+        if settings.allow_slot_reset:
+            if slot is not None and cause is not None:
+                log.warning(what_happened(settings.slot_name, cause, recorded or 0, slot))
+                database.drop_slot()
+                return None, recorded
+            return slot, recorded
+        if settings.on_slot_loss is OnSlotLoss.REFUSE:
+            if cause is not None:
+                raise PositionMismatch(loss_refusal(settings.slot_name, cause, recorded or 0, slot))
+            assert plan is not None
+            raise PositionMismatch(interrupted(settings.slot_name, plan))
+        if cause is not None:
+            log.error(
+                f"{what_happened(settings.slot_name, cause, recorded or 0, slot)}: recovering "
+                f"({env_name('on_slot_loss')}=recover)"
+            )
+        recovered = database.recover(
+            record, cause or (plan.cause if plan else Cause.DROPPED), failover
+        )
+        return recovered, recovered.confirmed_flush
 
     def _trusted_position(self, database: StartDatabase, record: Record) -> tuple[int | None, bool]:
         """The recorded position, refused (PositionMismatch, exit 4, before anything streams or

@@ -442,6 +442,7 @@ OWN_FLAGS = {
     "check": [],
     "status": ["--relay-host HOST"],
     "sweep": ["--once", "--wait SECONDS"],
+    "recover": ["--wait SECONDS"],
     "settings": ["--markdown"],
     "demo": ["--events N", "--rate R"],
 }

@@ -1,0 +1,219 @@
+"""What the slot-recovery tests share: losing the slot as a DBA or the server would, running
+``cdc-relay recover``, and judging what reached Kafka (every committed event once, each
+aggregate's first occurrences in commit order)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import orjson
+import psycopg
+
+from cdc_relay.local.relay_process import peak_rss_mb
+from cdc_relay.reconcile import POSITION_HEADER
+from tests.integration.relay_support import RelayProcess, insert_events, new_event, scalar
+from tests.kafka_helpers import Record, consume_all
+
+
+def drop_slot(database: str, slot: str, timeout: float = 30.0) -> None:
+    """Drop ``slot`` as a DBA would, its walsender ended first (it may be reconnecting)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(database, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+            if row is None:
+                return
+            if row[0] is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+
+def recovery_state(database: str, slot: str) -> dict[str, object]:
+    value = scalar(
+        database, "SELECT recovery::text FROM cdc_relay.slot_position WHERE slot_name = %s", slot
+    )
+    return {} if value is None else dict(orjson.loads(str(value)))
+
+
+def proven_below(database: str, slot: str) -> int:
+    """The transaction id below which the record proves rows published (its horizon's snapshot's
+    xmin; its boundary's when it proves nothing yet)."""
+    value = scalar(
+        database,
+        "SELECT recovery_horizon->>'snapshot' FROM cdc_relay.slot_position WHERE slot_name = %s",
+        slot,
+    )
+    return int(str(value).split(":")[0]) if value else 0
+
+
+def wait_for_horizon(database: str, slot: str, beyond: int, timeout: float = 30.0) -> int:
+    """Until the record proves rows of transactions up to ``beyond`` published."""
+    deadline = time.monotonic() + timeout
+    while (found := proven_below(database, slot)) <= beyond:
+        assert time.monotonic() < deadline, f"the horizon stayed at {found}"
+        time.sleep(0.1)
+    return found
+
+
+def current_xid(database: str) -> int:
+    return int(str(scalar(database, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text")))
+
+
+@dataclass
+class Run:
+    """A finished ``cdc-relay recover``: its exit code, log, seconds and peak memory."""
+
+    code: int
+    logs: str
+    seconds: float
+    peak_rss_mb: float
+
+
+def run_recover(env: dict[str, str], timeout: float = 300.0) -> Run:
+    """``cdc-relay recover`` as an operator runs it, to its end; its peak RSS sampled."""
+    process = RelayProcess(env, ["recover"]).start()
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], peak_rss_mb(process.pid))
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        code = process.wait(timeout)
+        return Run(code, process.logs(), time.monotonic() - started, peak[0])
+    finally:
+        done.set()
+        sampler.join()
+        process.close()
+
+
+def event_ids(records: Iterable[Record]) -> list[str]:
+    return [(r.header("id") or r.header("cdc_relay.event_id") or b"").decode() for r in records]
+
+
+def consume_covering(
+    bootstrap: str, topics: Sequence[str], ids: set[str], timeout: float, **options: object
+) -> list[Record]:
+    """Everything in ``topics`` once every one of ``ids`` arrived (or at the timeout), with a
+    grace period so that late duplicates show too."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = consume_all(bootstrap, list(topics), len(ids), 30, grace=2.0, **options)  # type: ignore[arg-type]
+        if ids <= set(event_ids(records)) or time.monotonic() > deadline:
+            return records
+        time.sleep(1.0)
+
+
+@dataclass
+class Verdict:
+    """What reached Kafka against what was committed."""
+
+    committed: int
+    missing: set[str]
+    duplicates: int
+    position_duplicates: int
+    out_of_order: int  # aggregates whose first occurrences are not in commit order
+
+    @property
+    def exact(self) -> bool:
+        return not self.missing and not self.duplicates and not self.out_of_order
+
+
+def judge(records: Sequence[Record], committed: Sequence[tuple[str, str]]) -> Verdict:
+    """``committed``: (event id, aggregate id) in commit order. First occurrences of each
+    aggregate's events must come in that order (Kafka keeps order per partition, and a key's
+    records share one)."""
+    ids = event_ids(records)
+    counts = Counter(ids)
+    wanted = {event_id for event_id, _ in committed}
+    order = {event_id: index for index, (event_id, _) in enumerate(committed)}
+    seen: set[str] = set()
+    by_aggregate: dict[bytes, list[int]] = {}
+    for record in records:
+        event_id = (record.header("id") or b"").decode()
+        if event_id in seen or event_id not in order:
+            continue
+        seen.add(event_id)
+        by_aggregate.setdefault(record.key or b"", []).append(order[event_id])
+    positions = [r.header(POSITION_HEADER) for r in records]
+    return Verdict(
+        committed=len(committed),
+        missing=wanted - set(ids),
+        duplicates=sum(n - 1 for event_id, n in counts.items() if event_id in wanted and n > 1),
+        position_duplicates=len(positions) - len(set(positions)),
+        out_of_order=sum(1 for firsts in by_aggregate.values() if firsts != sorted(firsts)),
+    )
+
+
+class Writer:
+    """Commits small transactions on one connection until stopped: the commit order is the order
+    of :attr:`committed` (event id, aggregate id)."""
+
+    def __init__(self, url: str, per_txn: int = 5, aggregates: int = 13, pause: float = 0.002):
+        self.url = url
+        self.per_txn = per_txn
+        self.aggregates = aggregates
+        self.pause = pause
+        self.committed: list[tuple[str, str]] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        n = 0
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                while not self._stop.is_set():
+                    events = [
+                        new_event(
+                            aggregate_id=f"a-{(n + i) % self.aggregates}", payload={"n": n + i}
+                        )
+                        for i in range(self.per_txn)
+                    ]
+                    with conn.transaction():
+                        insert_events(conn, events)
+                    self.committed.extend((e.id, e.aggregate_id) for e in events)
+                    n += self.per_txn
+                    if self.pause:
+                        time.sleep(self.pause)
+        except Exception as exc:
+            self.error = repr(exc)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.committed) < count:
+            assert self.error is None, self.error
+            assert time.monotonic() < deadline, f"the writer wrote {len(self.committed)} events"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        assert self.error is None, self.error
