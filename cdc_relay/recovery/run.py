@@ -63,12 +63,18 @@ class RecoveryStopped(SourceUnavailable):
 
 @dataclass(frozen=True)
 class Owed:
-    """What a run publishes: the plan's rows (their tables and scope), and what is in Kafka
-    already (the earlier records' ids, its own records, and where the read-back began)."""
+    """What a run publishes: the plan's rows, their tables and scope."""
 
     plan: Plan
     sources: list[Source]
     scope: Scope
+
+
+@dataclass(frozen=True)
+class InKafka:
+    """What the read-back found: the earlier records' ids, the run's own records, and where in
+    each partition the read began."""
+
     earlier: Earlier
     own: Own
     starts: dict[tuple[str, int], int]
@@ -220,10 +226,9 @@ class Recovery:
                 }
             },
         )
-        earlier, own, starts = self._read_back(plan)
         from cdc_relay.recovery.sending import send  # noqa: PLC0415 - Kafka's client: late
 
-        return send(self, reader, Owed(plan, sources, scope, earlier, own, starts))
+        return send(self, reader, Owed(plan, sources, scope))
 
     def _scope(self, plan: Plan, *, in_snapshot: bool) -> Scope:
         horizon = plan.horizon
@@ -241,8 +246,9 @@ class Recovery:
             for table in settings.tables()
         ]
 
-    def _read_back(self, plan: Plan) -> tuple[Earlier, Own, dict[tuple[str, int], int]]:
-        """The earlier records of rows in doubt, and this plan's own (see kafka_check)."""
+    def read_back(self, plan: Plan) -> InKafka:
+        """The earlier records of rows in doubt, and this plan's own (see kafka_check); with
+        exactly once, read after the fence (``read_committed``), as a start's read-back is."""
         from cdc_relay.publisher import admin_config  # noqa: PLC0415 - Kafka's client: late
 
         settings = self.settings
@@ -283,7 +289,7 @@ class Recovery:
             )
         else:
             log.info("read back what is in Kafka already", extra={"fields": fields})
-        return earlier, own, starts
+        return InKafka(earlier, own, starts)
 
     def _recorded_partitions(self) -> set[tuple[str, int]]:
         """Partitions the record says hold this slot's records (offsets, notes)."""

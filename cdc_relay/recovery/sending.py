@@ -16,7 +16,7 @@ from cdc_relay.recovery.plan import Plan, State
 from cdc_relay.recovery.publishing import RecoveryPublisher
 from cdc_relay.recovery.record import horizon_after
 from cdc_relay.recovery.rows import merged
-from cdc_relay.recovery.run import Owed, Recovery, RecoveryStopped
+from cdc_relay.recovery.run import InKafka, Owed, Recovery, RecoveryStopped
 from cdc_relay.replication.source import scalar
 from cdc_relay.topics import TopicRules
 from cdc_relay.transactional_id import transactional_id
@@ -49,6 +49,33 @@ class _Sending:
             "in_kafka": self.in_kafka,
         }
 
+    def rows(self, reader: psycopg.Connection[Any], owed: Owed, found: InKafka) -> None:
+        """Each owed row in order: skipped when in Kafka already, else published (or refused)."""
+        recovery, publisher = self.recovery, self.publisher
+        assert publisher is not None
+        done = self.plan.done
+        earlier, own = found.earlier, found.own
+        with mapped(During.STATEMENT, "cannot read the outbox"):
+            for row in merged(reader, owed.sources, owed.scope):
+                if recovery.stopping() or recovery.failure is not None:
+                    raise RecoveryStopped("a stop was requested during the recovery")
+                mapping, record, reason, event_id = publisher.map(row)
+                if row.ordinal <= done:
+                    # Acknowledged before: an earlier record its run took for it is taken again.
+                    if event_id is not None and not own.has(row.ordinal, event_id):
+                        earlier.take(event_id)
+                    continue
+                if event_id is not None and (
+                    own.has(row.ordinal, event_id) or earlier.take(event_id)
+                ):
+                    self.in_kafka += 1
+                    publisher.skip(row)
+                    continue
+                if record is None:
+                    publisher.refuse(row, mapping, reason or "the row cannot be mapped", event_id)
+                else:
+                    publisher.publish(row, mapping, record)
+
     def note(self, noted: Offsets) -> None:
         """Partition ends before a first record: kept before that record is sent."""
         self.plan = self.plan.progressed(noted=dict(noted))
@@ -73,8 +100,10 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
     sink = Publisher(settings.producer_config(), recovery.stats, transactional)
     try:
         if transactional is not None:
-            # The fence: a zombie relay or recovery of the slot can no longer write.
+            # The fence: a zombie relay or recovery of the slot can no longer write, and its
+            # open transaction is aborted before anything is read back.
             sink.init_transactions(recovery.require_leading)
+        found = recovery.read_back(plan)
         publisher = RecoveryPublisher(
             settings,
             recovery.stats,
@@ -91,7 +120,7 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
         )
         sending.publisher = publisher
         try:
-            _rows(recovery, reader, sending, publisher, owed)
+            sending.rows(reader, owed, found)
             done, offsets = publisher.finish(settings.delivery_stall_timeout)
         except (StopSession, RecoveryStopped):
             _interrupted(recovery, sending, publisher)
@@ -106,42 +135,12 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
             state=State.DONE, done=done, offsets=offsets, finished_at=time.time(),
             **sending.counts(),
         )  # fmt: skip
-        recovery.record.finish(plan, offsets, horizon_after(plan, owed.starts))
+        recovery.record.finish(plan, offsets, horizon_after(plan, found.starts))
         recovery.on_progress(plan)
         log.info("recovered the slot", extra={"fields": plan.summary()})
         return plan
     finally:
         sink.close()
-
-
-def _rows(
-    recovery: Recovery,
-    reader: psycopg.Connection[Any],
-    sending: _Sending,
-    publisher: RecoveryPublisher,
-    owed: Owed,
-) -> None:
-    """Each owed row in order: skipped when in Kafka already, else published (or refused)."""
-    done = sending.plan.done
-    earlier, own = owed.earlier, owed.own
-    with mapped(During.STATEMENT, "cannot read the outbox"):
-        for row in merged(reader, owed.sources, owed.scope):
-            if recovery.stopping() or recovery.failure is not None:
-                raise RecoveryStopped("a stop was requested during the recovery")
-            mapping, record, reason, event_id = publisher.map(row)
-            if row.ordinal <= done:
-                # Acknowledged before: an earlier record its run took for it is taken again.
-                if event_id is not None and not own.has(row.ordinal, event_id):
-                    earlier.take(event_id)
-                continue
-            if event_id is not None and (own.has(row.ordinal, event_id) or earlier.take(event_id)):
-                sending.in_kafka += 1
-                publisher.skip(row)
-                continue
-            if record is None:
-                publisher.refuse(row, mapping, reason or "the row cannot be mapped", event_id)
-            else:
-                publisher.publish(row, mapping, record)
 
 
 def _interrupted(recovery: Recovery, sending: _Sending, publisher: RecoveryPublisher) -> None:

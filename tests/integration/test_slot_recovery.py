@@ -7,10 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import orjson
 import psycopg
 import pytest
 
 from cdc_relay.local import LocalPostgres
+from cdc_relay.local.lifetime import free_port
 from tests.conftest import LOCAL_POSTGRES_SETTINGS, KafkaBroker, skip_if_external
 from tests.integration.recovery_support import (
     Writer,
@@ -29,6 +31,7 @@ from tests.integration.recovery_support import (
 from tests.integration.relay_support import (
     RelayProcess,
     create_outbox,
+    http_get,
     log_field,
     new_event,
     relay_env,
@@ -300,3 +303,87 @@ def test_the_recovery_of_200k_rows_runs_in_bounded_memory(
         f"{run.peak_rss_mb:.0f} MiB"
     )
     assert run.peak_rss_mb < 200
+
+
+def test_the_leader_recovers_at_its_start_and_the_standby_waits(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    ports = [free_port(), free_port()]
+    env = relay_env(database, broker.bootstrap_servers, unique, on_slot_loss="recover")
+    slot = f"slot_{unique}"
+    leader = RelayProcess({**env, "CDC_RELAY_HTTP_PORT": str(ports[0])}).start()
+    standby = RelayProcess({**env, "CDC_RELAY_HTTP_PORT": str(ports[1])})
+    try:
+        leader.wait_streaming()
+        standby.start()
+        standby.wait_for_log("standby: another relay leads")
+        with Writer(database) as writer:
+            writer.wait_for(1000)
+            drop_slot(database, slot)  # the leader's session ends; its next start recovers
+            leader.wait_for_log("recovered the slot", 60)
+            writer.wait_for(len(writer.committed) + 1000)
+        records = consume_covering(
+            broker.bootstrap_servers, [topic], {e for e, _ in writer.committed}, 120
+        )
+        shown = orjson.loads(http_get(ports[0], "/status")[1])["recovery"]
+        assert orjson.loads(http_get(ports[1], "/status")[1])["role"] == "standby"
+        assert leader.stop() == 0
+        assert standby.stop() == 0
+        standby_logs = standby.logs()
+    finally:
+        leader.close()
+        standby.close()
+    verdict = judge(records, writer.committed)
+    assert not verdict.missing
+    assert verdict.duplicates == 0
+    assert verdict.out_of_order == 0
+    assert "recover" not in standby_logs.replace("recovery_", "")
+    assert shown["state"] == "done"
+    assert shown["done"] == shown["rows"]
+    assert shown["seconds"] >= 0
+
+
+def test_exactly_once_a_recovery_sends_each_event_once_to_read_committed_consumers(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    env = relay_env(database, broker.bootstrap_servers, unique, exactly_once="true")
+    slot = f"slot_{unique}"
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        with Writer(database) as writer:
+            writer.wait_for(1000)
+            relay.kill()  # its last Kafka transaction may be open: aborted by the next fence
+            drop_slot(database, slot)
+            writer.wait_for(len(writer.committed) + 1500)
+    finally:
+        relay.close()
+    relay = RelayProcess({**env, "CDC_RELAY_ON_SLOT_LOSS": "recover"}).start()
+    try:
+        relay.wait_streaming(120)
+        records = consume_covering(
+            broker.bootstrap_servers,
+            [topic],
+            {e for e, _ in writer.committed},
+            120,
+            isolation="read_committed",
+        )
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    verdict = judge(records, writer.committed)
+    print(
+        f"\nexactly once: {verdict.committed} events, {len(verdict.missing)} lost, "
+        f"{verdict.duplicates} duplicates, {verdict.out_of_order} aggregates out of order"
+    )
+    assert not verdict.missing, logs
+    assert verdict.duplicates == 0, logs
+    assert verdict.out_of_order == 0
+    assert "recovered the slot" in logs
