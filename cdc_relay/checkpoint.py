@@ -24,13 +24,16 @@ from cdc_relay.ddl import ROLE_SQL, STATE_SQL, state_table_ddl
 from cdc_relay.errors import (
     LeadershipLost,
     PositionMismatch,
+    RelayError,
     SourceSetupError,
 )
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.postgres_errors import During, error_for
+from cdc_relay.publication_stamp import PublicationStamp, StampQuery, change_error
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
 from cdc_relay.recovery.horizon import Fence, Horizon, HorizonTracker, Snapshot, horizon_from_json
+from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
 
 STATE_TABLE = "slot_position"
 LEASE_TABLE = "leader_lease"  # which relay leads (cdc_relay.leadership)
@@ -45,15 +48,29 @@ STATE_COLUMNS = {
         "system_identifier",
         "timeline_id",
         "row_filters",
+        "publication_stamp",
+        "stamp_checked_xid",
+        "sweep_horizons",
         "recovery_horizon",
         "recovery",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
 STATE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE")
-DDL_LOCK_CLASS = 0x63646364  # "cdcd": an advisory lock serialising the state tables' DDL
+# Another relay (or setup) created the state tables between this one's look and its own CREATE:
+# the catalog's unique index refuses the second; the file, run again, finds them there.
+_CREATED_MEANWHILE = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DuplicateSchema,
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateObject,
+)
+DDL_ATTEMPTS = 3
 
 _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
+# Written with the publication's stamp: the oldest transaction running at that check. Rows of
+# later transactions may have been decoded after a change the next check finds.
+CHECKED_XID = "pg_snapshot_xmin(pg_current_snapshot())"
 
 # What each write of the position returns: its fence (cdc_relay.recovery.horizon) and the record.
 _FENCE_SQL = (
@@ -61,6 +78,8 @@ _FENCE_SQL = (
     "p.sweep_from_xid::text, p.acked_offsets::text, p.written_from::text, "
     "p.recovery_horizon::text"
 )
+_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())"  # a boundary taken in a statement
+_NOTHING_RETURNED = sql.SQL("1")
 
 
 def _new_slot_horizon(boundary: str, position: str) -> str:
@@ -69,17 +88,14 @@ def _new_slot_horizon(boundary: str, position: str) -> str:
 
     Exact only there: creating the slot waited for every transaction running, so none at or after
     the boundary committed before the slot's start. A boundary restarted under a running relay
-    (a row filter changed) gets none (NULL): a transaction may then be waiting for a synchronous
-    standby with its commit already streamed, and its id above the boundary; the relay's next
-    writes take the first horizon from their own fences."""
+    (a row filter or the publication changed) gets none (NULL): a transaction may then be waiting
+    for a synchronous standby with its commit already streamed, and its id above the boundary;
+    the relay's next writes take the first horizon from their own fences."""
     return (
         f"jsonb_build_object('boundary', ({boundary})::text, 'snapshot', ({boundary})::text "
         f"|| ':' || ({boundary})::text || ':', 'offsets', '{{{{}}}}'::jsonb, "
         f"'noted', '{{{{}}}}'::jsonb, 'position', ({position})::text)"
     )
-
-
-_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())"  # a boundary taken in a statement
 
 
 def fence_from_row(row: tuple[object, ...], position: int) -> tuple[Fence, Horizon | None]:
@@ -156,6 +172,9 @@ class Record:
     sweep_from_xid: int | None
     row_filters: object  # as stored (JSON); judged by cdc_relay.relayed_filters
     server: Server
+    publication_stamp: object = None  # as stored (JSON); see cdc_relay.publication_stamp
+    stamp_checked_xid: int | None = None  # the oldest transaction running at its last check
+    updated_at: str | None = None  # when the position was last written
     horizon: Horizon | None = None  # what the record proves published (cdc_relay.recovery)
     recovery: object = None  # a recovery's plan and progress, as stored (JSON)
 
@@ -177,16 +196,28 @@ class PostgresCheckpointStore:
         schema: str,
         slot_name: str,
         holder: str | None = None,
+        watched: Watched = unwatched,
     ) -> None:
         self._conn = conn
+        # Its statements, watched: a wait on a lock is named, and ends (cdc_relay.waits).
+        self._watched = watched
         self._table = sql.Identifier(schema, STATE_TABLE)
         self._lease = sql.Identifier(schema, LEASE_TABLE)
         self._schema = schema
         self._slot = slot_name
         # The relay's leadership id: every write is then fenced by the lease (see save()).
         self._holder = holder
+        # The publication the relay verified (see verify()): every write then requires it.
+        self._verified: tuple[PublicationStamp, sql.Composed] | None = None
         # What the writes of the position proved published (cdc_relay.recovery.horizon).
         self.horizons = HorizonTracker()
+
+    def verify(self, stamp: PublicationStamp) -> None:
+        """From now on every write of the position (and of the row filters) happens only while
+        the catalogs still read ``stamp``, in the same statement, and records it: else it writes
+        nothing and raises PublicationChanged (:mod:`cdc_relay.publication_stamp`)."""
+        query = StampQuery.like(stamp, self._conn.info.server_version)
+        self._verified = (stamp, query.expression())
 
     def inspect(self, table: str = STATE_TABLE) -> StateTable:
         """What the catalogs say about a state table, for this role; reads, never writes."""
@@ -243,20 +274,22 @@ class PostgresCheckpointStore:
         for candidate in incomplete:
             if not candidate.may_create:
                 raise SourceSetupError(candidate.create_hint(self._user()))
-        try:
-            # Relays starting together would race on CREATE ... IF NOT EXISTS: one at a time
-            # (the file is idempotent, so the later ones find everything there).
-            with self._conn.transaction():
-                self._conn.execute(
-                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DDL_LOCK_CLASS, STATE_SQL)
-                )
-                self._conn.execute(state_table_ddl(self._schema))
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise SourceSetupError(
-                f"cannot create the relay's state table {state.name}: "
-                f"{exc.diag.message_primary}. {state.create_hint(self._user())}"
-            ) from None
-        return True
+        what = f"creating the relay's state tables in {self._schema}"
+        attempts = DDL_ATTEMPTS
+        while True:
+            attempts -= 1
+            try:
+                with self._watched(what, STATE_DDL_MEANS), self._conn.transaction():
+                    self._conn.execute(state_table_ddl(self._schema))
+                return True
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise SourceSetupError(
+                    f"cannot create the relay's state table {state.name}: "
+                    f"{exc.diag.message_primary}. {state.create_hint(self._user())}"
+                ) from None
+            except _CREATED_MEANWHILE as exc:
+                if not attempts:
+                    raise error_for(exc, During.STATEMENT, what) from None
 
     def _user(self) -> str:
         row = self._conn.execute("SELECT current_user").fetchone()
@@ -274,8 +307,9 @@ class PostgresCheckpointStore:
         identity and WAL end — all in one snapshot (:mod:`cdc_relay.record_origin`)."""
         query = sql.SQL(
             "SELECT p.confirmed_lsn::text, p.system_identifier, p.timeline_id, "
-            "p.sweep_from_xid::text, p.row_filters, p.recovery_horizon::text, p.recovery, "
-            f"{SERVER_SQL} "
+            "p.sweep_from_xid::text, p.row_filters, p.publication_stamp, "
+            "p.stamp_checked_xid::text, p.updated_at::text, p.recovery_horizon::text, "
+            f"p.recovery, {SERVER_SQL} "
             "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
         ).format(self._table)
         try:
@@ -289,7 +323,19 @@ class PostgresCheckpointStore:
                 f"GRANT EXECUTE ON FUNCTION pg_control_system() TO {user}"
             ) from None
         assert row is not None
-        lsn, system_identifier, timeline, boundary, filters, horizon, recovery, *server = row
+        (
+            lsn,
+            system_identifier,
+            timeline,
+            boundary,
+            filters,
+            published,
+            checked,
+            updated,
+            horizon,
+            recovery,
+            *server,
+        ) = row
         stamp = (
             None
             if lsn is None
@@ -304,6 +350,9 @@ class PostgresCheckpointStore:
             None if boundary is None else int(str(boundary)),
             filters,
             server_from_row(tuple(server)),
+            published,
+            None if checked is None else int(str(checked)),
+            None if updated is None else str(updated),
             horizon_from_json(horizon),
             recovery,
         )
@@ -346,47 +395,128 @@ class PostgresCheckpointStore:
             # boundary it is of (cdc_relay.recovery.horizon).
             "recovery_horizon = CASE WHEN %s THEN EXCLUDED.recovery_horizon "
             "WHEN p.sweep_from_xid = (%s::jsonb->>'boundary')::xid8 THEN %s::jsonb "
-            "WHEN p.sweep_from_xid IS NULL THEN NULL ELSE p.recovery_horizon END "
-            f"RETURNING {_FENCE_SQL}"
+            "WHEN p.sweep_from_xid IS NULL THEN NULL ELSE p.recovery_horizon END"
         )
         columns = (
             "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets, system_identifier, "
-            "timeline_id, recovery_horizon)"
+            "timeline_id, recovery_horizon"
         )
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
         text = None if horizon is None else horizon.text
-        row = (
-            self._slot, format_lsn(lsn), encoded, new_slot, format_lsn(lsn),
-            new_slot, new_slot, new_slot, new_slot, text, text,
-        )  # fmt: skip
-        if self._holder is None:
-            query = sql.SQL(f"INSERT INTO {{}} AS p {columns} VALUES ({values}) {upsert}").format(
-                self._table
+        head = (self._slot, format_lsn(lsn), encoded, new_slot, format_lsn(lsn))
+        tail = (new_slot, new_slot, new_slot, new_slot, text, text)
+        returned: tuple[object, ...] | None
+        if self._verified is not None:
+            stamp, _ = self._verified
+            returned = self._checked_write(
+                sql.SQL(
+                    f"INSERT INTO {{table}} AS p {columns}, publication_stamp, stamp_checked_xid) "
+                    f"SELECT {values}, found.stamp, {CHECKED_XID} FROM {{sources}} "
+                    f"WHERE found.stamp = %s::jsonb {upsert}, "
+                    "publication_stamp = EXCLUDED.publication_stamp, "
+                    "stamp_checked_xid = EXCLUDED.stamp_checked_xid"
+                ),
+                (*head, stamp.text, *tail),
+                "the position was not recorded",
+                returning=sql.SQL(_FENCE_SQL),
             )
-            cursor = self._write(query, row)
+        elif self._holder is None:
+            query = sql.SQL(
+                f"INSERT INTO {{}} AS p {columns}) VALUES ({values}) {upsert} "
+                f"RETURNING {_FENCE_SQL}"
+            ).format(self._table)
+            found = self._write(query, (*head, *tail)).fetchone()
+            returned = None if found is None else tuple(found)
         else:
             query = sql.SQL(
                 "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
-                f"INSERT INTO {{}} AS p {columns} SELECT {values} FROM lease {upsert}"
+                f"INSERT INTO {{}} AS p {columns}) SELECT {values} FROM lease {upsert} "
+                f"RETURNING {_FENCE_SQL}"
             ).format(self._lease, self._table)
-            cursor = self._write(query, (self._slot, self._holder, *row))
+            cursor = self._write(query, (self._slot, self._holder, *head, *tail))
             fenced(cursor.rowcount, "the position was not recorded")
-        returned = cursor.fetchone()
+            found = cursor.fetchone()
+            returned = None if found is None else tuple(found)
         if returned is not None:
-            fence, stored = fence_from_row(tuple(returned), lsn)
+            fence, stored = fence_from_row(returned, lsn)
             self.horizons.written(fence, stored)
+
+    def _checked_write(
+        self,
+        write: sql.SQL,
+        params: tuple[object, ...],
+        outcome: str,
+        returning: sql.Composable = _NOTHING_RETURNED,
+    ) -> tuple[object, ...]:
+        """``write`` (reading ``found.stamp`` from ``{sources}``, the lease row and the stamp
+        found now, and writing only while it is the verified one) as one statement: written (what
+        it returned, ``returning``), or LeadershipLost (another holder), or PublicationChanged
+        (another stamp)."""
+        assert self._verified is not None
+        verified, expression = self._verified
+        lease = (
+            sql.SQL("SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE").format(
+                self._lease
+            )
+            if self._holder is not None
+            else sql.SQL("SELECT 1")
+        )
+        query = sql.SQL(
+            "WITH lease AS ({lease}), found AS (SELECT {expression} AS stamp), "
+            "written AS ({write} RETURNING {returning}) SELECT (SELECT count(*) FROM written), "
+            "(SELECT count(*) FROM lease), (SELECT stamp::text FROM found), w.* "
+            "FROM (SELECT 1) one LEFT JOIN written w ON true"
+        ).format(
+            lease=lease,
+            expression=expression,
+            returning=returning,
+            write=write.format(table=self._table, sources=sql.SQL("lease, found")),
+        )
+        leased = (self._slot, self._holder) if self._holder is not None else ()
+        row = self._write(query, (*leased, *params)).fetchone()
+        assert row is not None
+        written, lease_rows, found, *returned = row
+        if written == 1:
+            return tuple(returned)
+        fenced(int(str(lease_rows)), outcome)
+        now = PublicationStamp(orjson.loads(str(found)))
+        if now.data == verified.data:
+            fenced(0, outcome)  # no record to update: not this relay's to write any more
+        raise self._changed(verified, now)
+
+    def _changed(self, verified: PublicationStamp, now: PublicationStamp) -> RelayError:
+        """The error of a write that found ``now``: named in detail when the catalogs answer."""
+        try:
+            resume_at = self.load()
+            return change_error(
+                self._conn, verified, now, None if resume_at is None else format_lsn(resume_at)
+            )
+        except (psycopg.Error, RelayError):  # the connection went too: said without detail
+            return change_error(None, verified, now, None)
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
         """Record the row filters the relay relays with (:mod:`cdc_relay.relayed_filters`);
         ``changed`` (they are not those recorded): take the sweep boundary afresh in the same
         statement, for rows decoded under the old filters may not have been published. Fenced by
-        the lease like :meth:`save`."""
+        the lease like :meth:`save`, and, once verified, records the publication's stamp too."""
         encoded = orjson.dumps(dict(filters)).decode()
         boundary = (
             "sweep_from_xid = CASE WHEN %s THEN pg_snapshot_xmax(pg_current_snapshot()) "
             "ELSE sweep_from_xid END, recovery_horizon = CASE WHEN %s THEN NULL "
             "ELSE recovery_horizon END"
         )
+        if self._verified is not None:
+            stamp, _ = self._verified
+            self._checked_write(
+                sql.SQL(
+                    f"UPDATE {{table}} SET row_filters = %s::jsonb, {boundary}, "
+                    f"publication_stamp = found.stamp, stamp_checked_xid = {CHECKED_XID} "
+                    "FROM {sources} WHERE slot_name = %s AND found.stamp = %s::jsonb"
+                ),
+                (encoded, changed, changed, self._slot, stamp.text),
+                "nothing was recorded",
+            )
+            return
         if self._holder is None:
             query = sql.SQL(
                 f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s"
@@ -443,15 +573,17 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return int(str(row[0])) if row and row[0] is not None else None
 
-    def restart_sweep_boundary(self) -> None:
-        """Take the sweep boundary afresh (a publication's row filter just changed): rows of
-        transactions from before are left alone, for they were decoded under the old filter and
-        may not have been published. No record yet: the first :meth:`save` takes it."""
+    def restart_sweep_boundary(self) -> int | None:
+        """Take the sweep boundary afresh (a publication's row filter just changed, or the
+        publication itself): rows of transactions from before are left alone, for they were
+        decoded under the old one and may not have been published. Returns the new boundary;
+        None: no record yet (the first :meth:`save` takes it)."""
         query = sql.SQL(
             "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()), "
-            "recovery_horizon = NULL WHERE slot_name = %s"
+            "recovery_horizon = NULL WHERE slot_name = %s RETURNING sweep_from_xid::text"
         ).format(self._table)
-        self._run(query, (self._slot,))
+        row = self._run(query, (self._slot,)).fetchone()
+        return None if row is None else int(str(row[0]))
 
     def _run(
         self, query: sql.Composed, params: tuple[object, ...]
@@ -459,7 +591,8 @@ class PostgresCheckpointStore:
         """A statement whose lost connection or timeout is SourceUnavailable; what the server
         refuses (a missing table, a privilege) stays psycopg's, for the caller that answers it."""
         try:
-            return self._conn.execute(query, params)
+            with self._watched("using the position record", POSITION_MEANS):
+                return self._conn.execute(query, params)
         except psycopg.OperationalError as exc:
             # Reads too (the sweeper, the start): not "cannot record".
             raise error_for(exc, During.STATEMENT, "the position record is unreachable") from None
@@ -470,7 +603,8 @@ class PostgresCheckpointStore:
         """A write of the position: every failure becomes the project's error, by
         :mod:`cdc_relay.postgres_errors`' table (the confirmation path catches no psycopg error)."""
         try:
-            return self._conn.execute(query, params)
+            with self._watched("recording the position", POSITION_MEANS):
+                return self._conn.execute(query, params)
         except psycopg.Error as exc:
             raise error_for(exc, During.STATEMENT, "cannot record the position") from None
 

@@ -16,6 +16,10 @@ Confirming is two writes, in this order, and nothing else confirms:
    acknowledged per partition at or below P — see :mod:`cdc_relay.reconcile`), then
 2. the standby status update (:class:`SlotFeedback`) with flush = P.
 
+A write of the record also requires the publication the relay verified at its start to be
+unchanged (:mod:`cdc_relay.publication_stamp`): when it is not, nothing is written, nothing is
+confirmed from then on, and the relay is told to stop (``on_changed``).
+
 So the slot is never ahead of the record; :mod:`cdc_relay.checkpoint` says what a start does when
 they differ. When: at most every ``CDC_RELAY_CONFIRM_INTERVAL`` while events are acknowledged; at
 most every ``CDC_RELAY_IDLE_CONFIRM_INTERVAL`` when only the WAL moved (other tables, heartbeats,
@@ -28,10 +32,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from cdc_relay.errors import LeadershipLost, SourceSetupError, SourceUnavailable
+from cdc_relay.errors import (
+    LeadershipLost,
+    PublicationChanged,
+    RelayError,
+    SourceSetupError,
+    SourceUnavailable,
+)
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.watermark import Watermark
@@ -70,8 +80,12 @@ class Confirmer:
         confirm_interval: float,
         idle_confirm_interval: float,
         offsets: dict[tuple[str, int], int] | None = None,
+        on_changed: Callable[[RelayError], None] | None = None,
     ) -> None:
         self.watermark = Watermark(start, offsets)
+        # The publication changed under the relay: it confirms nothing more (None: it did not).
+        self.changed: PublicationChanged | None = None
+        self._on_changed = on_changed
         self.received = start  # highest WAL position seen, reported as "written"
         self.confirmed = start  # what was recorded and told to the slot
         # Partitions whose acknowledged offset is in the position record (not merely acknowledged
@@ -96,14 +110,14 @@ class Confirmer:
         stats.caught_up = (
             watermark.pending_transactions == 0 and self.received >= stats.server_wal_end
         )
-        if position > self.confirmed:
+        if position > self.confirmed and self.changed is None:
             if acked != self._acked_at_confirm:
                 due = now - self._last_confirm >= self._confirm_interval
             else:
                 due = now - self._last_confirm >= self._idle_confirm_interval
             if due:
                 self._acked_at_confirm = acked
-                self.confirm(position)
+                self._confirm_unless_changed(position)
                 return
         if reply or now - self._last_status >= STATUS_INTERVAL:
             self.send_status()
@@ -119,6 +133,17 @@ class Confirmer:
         self.send_status()
         log.debug("confirmed", extra={"fields": {"lsn": format_lsn(lsn)}})
 
+    def _confirm_unless_changed(self, lsn: int) -> None:
+        """:meth:`confirm`, or, when the publication changed under the relay, nothing from now
+        on, and the relay told (without ``on_changed``: raised)."""
+        try:
+            self.confirm(lsn)
+        except PublicationChanged as exc:
+            if self._on_changed is None:
+                raise
+            self.changed = exc
+            self._on_changed(exc)
+
     def send_status(self) -> None:
         self._slot.send_status(max(self.received, self.confirmed), self.confirmed)
         self._last_status = time.monotonic()
@@ -126,9 +151,12 @@ class Confirmer:
     def final(self) -> None:
         """A clean stop: confirm everything acknowledged, if the database still listens."""
         position = self.watermark.advance()
-        if position > self.confirmed:
+        if position > self.confirmed and self.changed is None:
             try:
-                self.confirm(position)
+                self._confirm_unless_changed(position)
+            except PublicationChanged as exc:  # no one to tell: said here
+                self.changed = exc
+                log.error(str(exc), extra={"fields": {"error": type(exc).__name__}})
             except (SourceUnavailable, SourceSetupError, LeadershipLost) as exc:
                 log.warning("could not confirm on shutdown", extra={"fields": {"error": str(exc)}})
 

@@ -47,6 +47,12 @@ class SlotInUse(SourceSetupError):
     """Another process streams from the replication slot."""
 
 
+class PublicationChanged(SourceSetupError):
+    """The publication or an outbox table is no longer what the relay verified at its start
+    (:mod:`cdc_relay.publication_stamp`): noticed by a write of the position, which then records
+    nothing. The relay stops, confirming nothing decoded since; an operator must look."""
+
+
 class LeadershipLost(SourceError):
     """Another relay leads now (this one's lease was taken over): stop streaming at once, drop
     what is in flight, confirm nothing, and become a standby. Never ends the process.

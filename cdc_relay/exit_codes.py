@@ -58,7 +58,8 @@ EXIT_CODES: dict[ExitCode, Meaning] = {
         "database prerequisite",
         "PostgreSQL lacks something the relay needs: `wal_level`, a privilege, the outbox "
         "table or a column, a free replication slot, a role or database; or another process "
-        "holds the slot.",
+        "holds the slot; or the publication or the outbox table changed under the running "
+        "relay (docs/operations/dba-changes.md).",
         "Run the statement the message gives, or `cdc-relay setup`; `cdc-relay check` lists "
         "every prerequisite at once.",
     ),

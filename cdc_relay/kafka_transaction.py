@@ -22,7 +22,13 @@ ticks — never about single records, so publishing costs what it costs without 
 A commit that fails, or a delivery that fails inside the transaction, ends the session
 (:mod:`cdc_relay.transaction_errors` says how; fenced: the relay stands by): nothing held by it is
 released, so nothing of it is confirmed, and the next session sends it again, with the notes of
-:class:`Resend`.
+:class:`Resend`. Only a commit librdkafka calls aborted (:class:`~cdc_relay.transaction_errors.
+TransactionAborted`) is known not to have committed. Any other end of a commit — timed out for
+good while the broker was unreachable, or given up at a stop's deadline — may have come after the
+broker took it: its outcome is *unknown* (:attr:`Resend.unsettled`), and the next session must
+settle it before it sends anything: a new producer's ``init_transactions`` (the fence: the broker
+finishes or aborts what the old one left) and a ``read_committed`` read-back, which finds what
+committed. Sending it again without looking would send a committed transaction twice.
 """
 
 from __future__ import annotations
@@ -33,10 +39,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import LeadershipLost, SinkUnavailable
+from cdc_relay.errors import LeadershipLost, SinkUnavailable, StopSession
 from cdc_relay.lsn import format_lsn
 from cdc_relay.reconcile import POSITION_HEADER
-from cdc_relay.transaction_errors import Outcome, outcome
+from cdc_relay.transaction_errors import Outcome, TransactionAborted, outcome
 from cdc_relay.watermark import PendingTransaction
 
 if TYPE_CHECKING:
@@ -184,8 +190,14 @@ class KafkaTransaction:
         if self.events:
             try:
                 self._sink.commit_transaction(self._serve)
-            except SinkUnavailable:
-                if self._tracker is not None and self._tracker.failures:
+            except BaseException as exc:
+                if not isinstance(exc, TransactionAborted):
+                    self._unsettled(exc)
+                if (
+                    isinstance(exc, SinkUnavailable)
+                    and self._tracker is not None
+                    and self._tracker.failures
+                ):
                     self.failed()  # says which delivery failed, and remembers it
                 raise
             self.begun = False
@@ -203,6 +215,22 @@ class KafkaTransaction:
                 txn.unobserved = 0
         self.held.clear()
         self.events = 0
+
+    def _unsettled(self, exc: BaseException) -> None:
+        """The commit ended without an answer: it may have committed. Nothing of it is released
+        (confirmed); the next session settles it before it sends anything (see the module)."""
+        self.resend.unsettled = True
+        reason = (
+            "stopping: CDC_RELAY_SHUTDOWN_TIMEOUT passed while the commit waited"
+            if isinstance(exc, StopSession)
+            else str(exc) or type(exc).__name__
+        )
+        log.error(
+            "a Kafka transaction's commit ended without an answer: its outcome is unknown; "
+            "nothing of it is confirmed, and the next session (or start) fences and reads back "
+            "what committed before it sends anything again",
+            extra={"fields": {"error": reason, "postgresql_transactions": len(self.held)}},
+        )
 
     def failed(self) -> NoReturn:
         """A delivery failed inside the Kafka transaction: it cannot commit. Fenced: stand by;
@@ -229,16 +257,18 @@ class KafkaTransaction:
                 return
 
     def end(self) -> None:
-        """A clean stop: commit what is held (between PostgreSQL transactions), else abort."""
-        if self.open is None and self.held:
+        """A clean stop: commit what is held (between PostgreSQL transactions), else abort. A
+        commit of unknown outcome is not tried again: the next start settles it."""
+        if self.open is None and self.held and not self.resend.unsettled:
             try:
                 self.commit()
                 return
-            except (SinkUnavailable, LeadershipLost) as exc:
-                log.error(
-                    "the last Kafka transaction did not commit: it is sent again",
-                    extra={"fields": {"error": str(exc)}},
-                )
+            except (SinkUnavailable, LeadershipLost, StopSession) as exc:
+                if not self.resend.unsettled:  # else said already
+                    log.error(
+                        "the last Kafka transaction did not commit: it is sent again",
+                        extra={"fields": {"error": str(exc)}},
+                    )
         self.abandon()
 
     def abandon(self) -> None:
@@ -253,15 +283,18 @@ class KafkaTransaction:
 
 class Resend:
     """What a session sending an uncommitted Kafka transaction again must know (the next session
-    of the same leadership, which resumes at the committed position without a read-back): the
-    committed part of a split PostgreSQL transaction (skipped), and the records the broker
-    refused for good (dead-lettered at once, or stopping, per the poison policy: a row is
-    published, dead-lettered or stops the relay)."""
+    of the same leadership, which resumes at the committed position without a read-back unless
+    a commit is :attr:`unsettled`): the committed part of a split PostgreSQL transaction
+    (skipped), and the records the broker refused for good (dead-lettered at once, or stopping,
+    per the poison policy: a row is published, dead-lettered or stops the relay)."""
 
     def __init__(self) -> None:
         self.committed: dict[bytes, tuple[int, int]] = {}  # prefix -> (last ordinal, commit lsn)
         self.refusals: dict[bytes, tuple[int, str, int]] = {}  # position -> (code, reason, lsn)
         self.highest_lsn = 0  # past this commit LSN, nothing is looked up
+        # A commit of unknown outcome: the next session fences and reads back first. Never
+        # handed on (from_position): the session it is handed to has settled it.
+        self.unsettled = False
 
     @property
     def found(self) -> bool:

@@ -36,6 +36,11 @@ lock connection still there, :data:`_LEASE_FREE`), in one conditional statement 
 row, so one of two wins; takeovers from a dead or hung leader work as above, and the leader takes
 the lock back at a renewal once it is free.
 
+Every statement of the lock connection is watched (:mod:`cdc_relay.waits`): a server that does not
+answer it within its ``statement_timeout`` and a few seconds more is given up on (the connection's
+socket shut), and a stop ends it; so this thread never hangs, and :meth:`Leadership.release` never
+waits on it for long.
+
 Two relays that disagree — the old one still believes it leads — can at worst both hand records to
 Kafka for a moment (duplicates, which consumers drop by the ``id`` header); neither the position
 record nor the slot can be moved by the one that lost.
@@ -50,6 +55,7 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import psycopg
@@ -60,6 +66,7 @@ from cdc_relay.config import Settings
 from cdc_relay.errors import LeadershipLost, SourceError
 from cdc_relay.postgres_errors import During, mapped
 from cdc_relay.replication.source import connect
+from cdc_relay.waits import ANSWER_MARGIN, WaitWatch
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,14 @@ TERMINATE_WAIT_MS = 2000  # pg_terminate_backend(pid, timeout): wait until the b
 # A renewal's statement_timeout, as a share of the lease: a renewal blocked (e.g. the lease row
 # locked by another session) ends early enough to be retried a few times before the lease ends.
 RENEWAL_TIMEOUT_SHARE = 0.25
+STANDBY_TIMEOUT = 5.0  # statement_timeout of a standby's statements (the terminations: 2 x 2 s)
+# Seconds release() waits for the thread (its statements end within ~3 s of a stop: see
+# cdc_relay.waits); a thread still waiting then is left, and the lease released by its expiry.
+RELEASE_WAIT = 5.0
+LEASE_MEANS = (
+    "the leader lease cannot be read or written while this is held; a leader whose renewals "
+    "keep failing loses the leadership when its lease runs out"
+)
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -156,8 +171,9 @@ def application_name(slot: str) -> str:
 class Leadership:
     """The lock connection and the lease, kept by a thread of its own (:meth:`run`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, waits: WaitWatch | None = None) -> None:
         self.settings = settings
+        self._waits = waits
         self.holder = holder_id()
         self.became_leader = threading.Event()
         self.leader_seen: str | None = None  # the lease's holder, as a standby last read it
@@ -195,11 +211,23 @@ class Leadership:
         self.became_leader.clear()
         self._resign.set()
 
-    def release(self, timeout: float = 10.0) -> None:
-        """After the last session's clean stop: expire the lease and free the lock at once."""
+    def release(self, timeout: float = RELEASE_WAIT) -> None:
+        """After the last session's clean stop: expire the lease and free the lock at once.
+
+        Not while the thread still waits on the server (its statements are bounded, so only a
+        server that does not answer keeps it): the lease then expires, and the lock goes with
+        the process's connections."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning(
+                    "the leadership thread still waits on PostgreSQL: exiting without releasing "
+                    "the lease; a standby takes over when it expires",
+                    extra={"fields": {"lease_timeout_s": self._timeout}},
+                )
+                self._leading = False
+                return
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             with contextlib.suppress(psycopg.Error):
@@ -292,7 +320,11 @@ class Leadership:
                     )
                 )
                 # A standby's statements; the terminations wait up to 2 x TERMINATE_WAIT_MS.
-                conn.execute("SET statement_timeout = '5s'")
+                conn.execute(
+                    sql.SQL("SET statement_timeout = {}").format(
+                        sql.Literal(f"{STANDBY_TIMEOUT:g}s")
+                    )
+                )
             except psycopg.Error:
                 conn.close()
                 raise
@@ -312,8 +344,21 @@ class Leadership:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
 
+    def _watched(self, conn: Connection, what: str, timeout: float) -> AbstractContextManager[None]:
+        """``what``'s statements, bounded on the client too: a server that has not ended them
+        by their ``timeout`` (and :data:`~cdc_relay.waits.ANSWER_MARGIN` more) does not answer;
+        named then, and given up on."""
+        if self._waits is None:
+            return contextlib.nullcontext()
+        bound = timeout + ANSWER_MARGIN
+        return self._waits.watching(conn, what, LEASE_MEANS, deadline=bound, notice_after=bound)
+
     def _try_acquire(self) -> bool:
         conn = self._connection()
+        with self._watched(conn, "competing for the leadership", STANDBY_TIMEOUT):
+            return self._acquire(conn)
+
+    def _acquire(self, conn: Connection) -> bool:
         slot = self.settings.slot_name
         started = time.monotonic()
         if self._try_lock(conn) or (self._end_hung_holder(conn) and self._try_lock(conn)):
@@ -427,6 +472,11 @@ class Leadership:
 
     def _renew(self) -> None:
         conn = self._connection()
+        renewal = self._timeout * RENEWAL_TIMEOUT_SHARE
+        with self._watched(conn, "renewing the leader lease", max(renewal, STANDBY_TIMEOUT)):
+            self._renew_on(conn)
+
+    def _renew_on(self, conn: Connection) -> None:
         started = time.monotonic()
         if not self._holds_lock and self._try_lock(conn):
             self._holds_lock = True  # the squatter let go: the lock is ours again

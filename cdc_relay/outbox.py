@@ -385,7 +385,9 @@ def _header_entries_of(text: str, event_id: str) -> list[tuple[str, bytes]]:
         pos = _skip_space(text, pos + 1)
 
 
-_JSON = json.JSONDecoder()
+# Numbers are never converted: a value is sliced from the text, and int() refuses more digits than
+# sys.get_int_max_str_digits() (4,300), where a jsonb number may have 131,072.
+_JSON = json.JSONDecoder(parse_int=str, parse_float=str)
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 

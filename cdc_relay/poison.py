@@ -172,6 +172,7 @@ class PoisonPolicyHandler:
         *,
         ensure_topic: Callable[[str], None],
         fail: Callable[[RelayError], None],
+        wait_for_room: Callable[[], None],
     ) -> None:
         self._stop = settings.poison_policy is PoisonPolicy.STOP
         self._topic = settings.dead_letter_topic
@@ -179,6 +180,10 @@ class PoisonPolicyHandler:
         self._tracker = tracker
         self._ensure_topic = ensure_topic  # the session's: the topic must exist before producing
         self._fail = fail
+        # The session's wait while the producer's queue is full: it serves the producer and
+        # raises StopSession once a requested stop takes effect (a broker that never drains the
+        # queue must not hold a SIGTERM here).
+        self._wait_for_room = wait_for_room
         self._topic_ready = False
 
     def refuse(self, refused: RefusedRecord) -> None:
@@ -273,7 +278,7 @@ class PoisonPolicyHandler:
                 txn.produced()
                 return
             except BufferError:
-                self._sink.poll(0.05)
+                self._wait_for_room()
                 continue
             except ProduceRefused as exc:
                 if not exc.permanent:

@@ -2,9 +2,9 @@
 
 The adapters — the modules that hold a PostgreSQL connection and run statements or replication
 commands on it (``replication/stream.py``, ``replication/source.py``, ``checkpoint.py``,
-``leadership.py``, ``sweeper.py``, ``prerequisites/``, ``publication_filter.py``, the operator
-commands, ``demo_writer.py`` and the throw-away server of ``local/``), and ``database_url.py``,
-which reads the URL with libpq — turn
+``leadership.py``, ``sweeper.py``, ``waits.py``, ``prerequisites/``, ``publication_filter.py``, the
+operator commands, ``demo_writer.py`` and the throw-away server of ``local/``), and
+``database_url.py``, which reads the URL with libpq — turn
 what psycopg raises, or the SQLSTATE a libpq result carries, into :mod:`cdc_relay.errors`' kinds
 by :data:`PG_ERROR_MAP`, the one table, so that the loop above them reasons about what to do
 (retry, stop for an operator, step aside for the slot's holder) and never about psycopg. An adapter

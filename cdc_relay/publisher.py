@@ -7,6 +7,14 @@ resume). librdkafka's exceptions are mapped here, in :func:`refusal`, to the pro
 the one place they surface unmapped is the hot path's bound ``produce_raw``, whose caller hands
 whatever it raises straight to :func:`refusal`. Publishing exactly once, the producer is
 transactional: its transactional calls' errors are mapped by :mod:`cdc_relay.transaction_errors`.
+
+The callbacks never raise (they only count and queue). What a call that *serves* them raises —
+``poll``, ``flush``, the transactional calls — is librdkafka's fatal error (a fenced producer):
+confluent-kafka raises it from inside its error callback, and when the same call then serves
+another callback (a flush serves every delivery report) that one returns with the error still
+set, so the call raises ``SystemError`` from it. :func:`kafka_error` finds the librdkafka error
+behind either; :class:`Publisher` records a fatal one and maps it where it calls, and its close
+never raises.
 """
 
 from __future__ import annotations
@@ -273,6 +281,18 @@ def refusal(exc: Exception) -> ProduceRefused:
     )
 
 
+def kafka_error(raised: BaseException) -> KafkaError | None:
+    """The librdkafka error behind what a producer call raised: a KafkaException's, or the one a
+    SystemError was raised from (a fatal error left set while another callback was served: see
+    the module's docstring). None for anything else: an exception of ours is no Kafka error."""
+    seen: BaseException | None = raised
+    while isinstance(seen, SystemError):
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+        return seen.args[0]
+    return None
+
+
 # Producers being destroyed (Publisher.close), each on a thread of its own.
 _closing: list[threading.Thread] = []
 
@@ -320,13 +340,11 @@ class Publisher:
                 "logger": logging.getLogger("cdc_relay.kafka"),
             }
         )
-        # Bound once: these sit on the hot path. produce_raw raises librdkafka's own exceptions:
+        # Bound once: it sits on the hot path. produce_raw raises librdkafka's own exceptions:
         # its caller maps them with refusal().
         self.produce_raw: Callable[..., None] = self._producer.produce
-        self.poll: Callable[[float], int] = self._producer.poll
-        if self.transactional:
-            # A transactional producer's poll raises its fatal error (fenced): mapped here.
-            self.poll = self._transactional_poll
+        # A poll raises the producer's fatal error (fenced, for a transactional one): mapped.
+        self.poll: Callable[[float], int] = self._poll
 
     def produce(
         self,
@@ -351,9 +369,28 @@ class Publisher:
 
     def check_fatal(self) -> None:
         if self.fatal_error is not None:
-            if self.transactional:  # fenced: stand by; else rebuilt
-                raise transaction_failure(self._fatal, "publishing")
-            raise SinkUnavailable(f"the Kafka producer failed fatally: {self.fatal_error}")
+            raise self._fatal_failure(self._fatal, "publishing")
+
+    def _fatal_failure(self, error: KafkaError, doing: str) -> RelayError:
+        """A fatal error, recorded: fenced, stand by; else the producer is rebuilt."""
+        self.fatal_error, self._fatal = error.str(), error
+        if self.transactional:
+            return transaction_failure(error, doing)
+        return SinkUnavailable(f"the Kafka producer failed fatally: {error.str()}")
+
+    def _failure(self, raised: Exception, doing: str) -> RelayError:
+        """What a producer call raised, in the relay's terms (a fatal error recorded). What is
+        no librdkafka error (a bug of ours) is raised again as it is."""
+        error = kafka_error(raised)
+        if error is None:
+            if isinstance(raised, KafkaException):
+                return SinkUnavailable(f"{doing} failed: {raised}")
+            raise raised
+        if error.fatal():
+            return self._fatal_failure(error, doing)
+        if self.transactional:
+            return transaction_failure(error, doing)
+        return SinkUnavailable(f"{doing} failed: {error.str()}")
 
     # -- Kafka transactions (CDC_RELAY_EXACTLY_ONCE) -------------------------------------------
 
@@ -380,14 +417,15 @@ class Publisher:
         """A best effort (bounded): True when the broker confirmed the abort."""
         try:
             self._producer.abort_transaction(ABORT_LIMIT)
-        except KafkaException:
+        except Exception as exc:  # a KafkaException, or a fatal error served with reports
+            self._failure(exc, "aborting a Kafka transaction")  # recorded when fatal
             return False
         return True
 
-    def _transactional_poll(self, timeout: float) -> int:
+    def _poll(self, timeout: float) -> int:
         try:
             return int(self._producer.poll(timeout))
-        except KafkaException as exc:
+        except Exception as exc:  # the fatal error, alone or served with reports
             raise self._failure(exc, "publishing") from None
 
     def _resumed(
@@ -398,22 +436,12 @@ class Publisher:
             try:
                 call(TRANSACTION_CALL_TIMEOUT)
                 return
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if (
-                    isinstance(error, KafkaError)
-                    and resumable(error)
-                    and time.monotonic() < deadline
-                ):
+            except Exception as exc:  # a KafkaException, or a fatal error served with reports
+                error = kafka_error(exc)
+                if error is not None and resumable(error) and time.monotonic() < deadline:
                     serve()
                     continue
                 raise self._failure(exc, doing) from None
-
-    def _failure(self, exc: KafkaException, doing: str) -> RelayError:
-        error = exc.args[0] if exc.args else None
-        if not isinstance(error, KafkaError):
-            return SinkUnavailable(f"{doing} failed: {exc}")
-        return transaction_failure(error, doing)
 
     def close(self) -> None:
         """Drop what is still queued or in flight (the next session re-sends it: late duplicates
@@ -430,8 +458,11 @@ class Publisher:
         producer = self._producer
         # Purged first, so that nothing more is sent; then its reports, and those already
         # queued, are served, and ignored, here on the session's thread.
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
-        producer.flush(PURGED_REPORTS_WAIT)
+        try:
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.flush(PURGED_REPORTS_WAIT)
+        except Exception as exc:  # e.g. fenced: whoever closes it has its own cause to report
+            self._closed_with(exc)
         with self._metadata_done:
             # No metadata call starts from here on (AttributeError).
             # The producer holds our error callback, we hold the producer: break the cycle.
@@ -443,6 +474,18 @@ class Publisher:
         # Those already destroyed go: a relay that rebuilds its producer for days keeps none.
         _closing[:] = [*(other for other in _closing if other.is_alive()), closing]
         closing.start()
+
+    def _closed_with(self, raised: Exception) -> None:
+        """What serving the last reports raised while closing: said, never raised."""
+        try:
+            failure = self._failure(raised, "closing the Kafka producer")
+        except Exception:  # no librdkafka error: a callback of ours raised
+            log.exception("a Kafka delivery callback failed while the producer closed")
+            return
+        log.warning(
+            "the Kafka producer failed while it closed",
+            extra={"fields": {"error": str(failure), "fatal": self.fatal_error is not None}},
+        )
 
     def _destroy(self, producer: Producer) -> None:
         """Destroy ``producer`` once no metadata call of another thread is inside it (each
@@ -560,9 +603,8 @@ class Publisher:
 
     def _on_error(self, err: KafkaError) -> None:
         self._stats.producer_errors += 1
-        if err.fatal():
-            self.fatal_error = err.str()
-            self._fatal = err
+        if err.fatal():  # (confluent-kafka raises a fatal error instead: see _failure)
+            self.fatal_error, self._fatal = err.str(), err
         now = time.monotonic()
         if err.fatal() or now - self._last_error_log >= _ERROR_LOG_INTERVAL:
             self._last_error_log = now

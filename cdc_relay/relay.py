@@ -11,9 +11,11 @@ drops what is in flight and makes a standby again. Publishing exactly once
 (``CDC_RELAY_EXACTLY_ONCE``), the producer is transactional and fences every older producer of
 the slot before the read-back; a session that ends without a clean stop aborts its open Kafka
 transaction, drops its producer, and the next one resumes at the committed position it carries,
-without a read-back (:mod:`cdc_relay.kafka_transaction`). What the relay cannot fix (configuration,
-prerequisites, a poison record under ``stop``) ends :meth:`Relay.run` with the project's error,
-whose exit code the CLI returns. The HTTP server, the metrics and the sweeper run beside.
+without a read-back (:mod:`cdc_relay.kafka_transaction`) — unless a commit's outcome is unknown:
+then the next session's new producer fences, and the read-back settles it before anything is sent
+again. What the relay cannot fix (configuration, prerequisites, a poison record under ``stop``)
+ends :meth:`Relay.run` with the project's error, whose exit code the CLI returns. The HTTP server,
+the metrics and the sweeper run beside.
 
 The relay talks to the leadership and to the start through the Protocols below, so the unit
 tests drive its lifecycle with fakes (``tests/fakes.py``).
@@ -45,6 +47,7 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.observability.tracing import Tracing
 from cdc_relay.start import PostgresStart, Started, StartSequence, kafka_read_back
 from cdc_relay.sweeper import Sweeper
+from cdc_relay.waits import WaitWatch
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -129,6 +132,8 @@ class Relay:
         self._stop = threading.Event()
         self.stopping = False  # read once per message: a plain attribute, not a property
         self._fatal: RelayError | None = None
+        # Names the statements that wait on PostgreSQL, and ends them on a stop (cdc_relay.waits).
+        self.waits: WaitWatch | None = None
         self._publisher: Publisher | None = None
         # Exactly once: what the next session of this leadership must know to send again.
         self._resend: Resend | None = None
@@ -137,26 +142,32 @@ class Relay:
         if (leadership is None) != (start is None):
             raise ValueError("give both the leadership and the start, or neither")
         if leadership is None or start is None:
-            own = Leadership(settings)
-            leadership, start = own, self._start_sequence(own)
+            self.waits = WaitWatch(
+                settings.source_url(), lambda: self.stopping, waiting=self._waiting_on_database
+            )
+            own = Leadership(settings, self.waits)
+            leadership, start = own, self._start_sequence(own, self.waits)
         self.leadership: RelayLeadership = leadership
         self.start: RelayStart = start
         self.stats.lease_valid = lambda: self.leadership.leading
         self.stats.foreign_lock_holder = self._foreign_lock_holder
 
-    def _start_sequence(self, leadership: Leadership) -> StartSequence:
+    def _start_sequence(self, leadership: Leadership, waits: WaitWatch) -> StartSequence:
         settings = self.settings
         return StartSequence(
             settings,
             self.stats,
             leadership,
-            connect=lambda: PostgresStart(
-                settings, leadership, self.stats, stopping=lambda: self.stopping
-            ),
+            connect=lambda: PostgresStart(settings, leadership, waits, self.stats),
             read_back=kafka_read_back(settings, lambda: self.stopping),
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,
         )
+
+    def _waiting_on_database(self) -> None:
+        """A statement waits on PostgreSQL, watched (cdc_relay.waits: named, bounded or ended by
+        a stop): the relay is waiting, not stuck."""
+        self.stats.last_loop = time.monotonic()
 
     def _foreign_lock_holder(self) -> dict[str, object] | None:
         found = self.leadership.foreign_holder
@@ -236,6 +247,8 @@ class Relay:
                 sweeper_thread.join(SWEEPER_JOIN_TIMEOUT)
             if server is not None:
                 server.stop()
+            if self.waits is not None:
+                self.waits.close()
             metrics.shutdown()
             self.tracing.shutdown()
 
@@ -354,6 +367,8 @@ class Relay:
             require_lease(self.leadership.leading, "no new session")
             try:
                 self._session()
+            except StopSession:
+                pass  # stopped while the session started (its Kafka fence waited): no retry
             except (SourceUnavailable, SinkUnavailable, SlotInUse) as exc:
                 self.stats.streaming = False
                 self.stats.reconnects += 1
@@ -447,6 +462,7 @@ class Relay:
             reconciliation=reconciliation,
             noted=noted,
             resend=self._resend,
+            table_oids=started.table_oids,
         )
         if self.stats.sessions == 1:
             collector.settled()  # its code, the producer, Kafka's client: ~20,000 objects
@@ -477,13 +493,24 @@ class Relay:
         """Exactly once: the transactional producer fences every older producer of the slot,
         and only then is Kafka read back (``read_committed``), so that no zombie can append
         between the read and the fence. A session resuming at the position the previous one of
-        this leadership committed reads nothing back: nothing after it is committed by us."""
+        this leadership committed reads nothing back: nothing after it is committed by us —
+        unless a commit's outcome is unknown (it may have committed): then a new producer fences
+        (the broker finishes or aborts that commit first) and the read-back settles it."""
         from cdc_relay.publisher import Publisher  # noqa: PLC0415
         from cdc_relay.start import Keepalive  # noqa: PLC0415
         from cdc_relay.topics import TopicRules  # noqa: PLC0415
         from cdc_relay.transactional_id import transactional_id  # noqa: PLC0415
 
         settings = self.settings
+        unsettled = self._resend is not None and self._resend.unsettled
+        if unsettled:
+            self._drop_publisher()  # the fence is a new producer's init_transactions
+            log.warning(
+                "settling a Kafka commit of unknown outcome: fencing, then reading back what "
+                "committed before anything is sent again",
+                extra={"fields": {"resume_lsn": format_lsn(started.start),
+                                  "read_back": settings.reconcile}},
+            )  # fmt: skip
         timeline = started.stream.timeline or started.database.timeline()
         if self._publisher is None:
             publisher = Publisher(
@@ -491,15 +518,22 @@ class Relay:
                 self.stats,
                 transactional_id(timeline[0], settings.slot_name),
             )
+            keepalive = Keepalive(started.stream, started.start)
+
+            def serve() -> None:
+                keepalive()
+                if self.stopping:  # nothing is sent before the fence: nothing to wait for
+                    raise StopSession
+
             try:
-                publisher.init_transactions(Keepalive(started.stream, started.start))
+                publisher.init_transactions(serve)
             except BaseException:
                 publisher.close()
                 raise
             self._publisher = publisher
         if self.topic_rules is None:
             self.topic_rules = TopicRules(settings)
-        if self.start.resumes_carried:
+        if self.start.resumes_carried and not unsettled:
             return None, started.noted
         return self.start.read_back(started, meanwhile=lambda: None)
 

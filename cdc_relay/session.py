@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import MethodType
 from typing import Any, Final, Protocol
@@ -176,6 +176,7 @@ class Session:
         reconciliation: Reconciliation | None = None,
         noted: dict[tuple[str, int], int] | None = None,
         resend: Resend | None = None,
+        table_oids: Mapping[int, str] | None = None,
     ) -> None:
         self.owner = owner
         self.settings = settings
@@ -194,6 +195,7 @@ class Session:
             confirm_interval=settings.confirm_interval,
             idle_confirm_interval=settings.idle_confirm_interval,
             offsets=offsets,
+            on_changed=owner.fail,
         )
         self.watermark = self.confirmer.watermark
         self.store = store
@@ -207,7 +209,7 @@ class Session:
             reconciliation if reconciliation is not None and reconciliation.found else None
         )
         self.resend = (resend or Resend()).from_position(start)  # exactly once: see .window
-        serve = partial(self.housekeeping, between_records=False)  # while a commit waits
+        serve = self.serve_while_committing
         self.window = transactional(settings, sink, self.resend, serve, self.tracker)
         if self.window is not None and self.in_kafka is None and self.resend.found:
             self.in_kafka = self.resend
@@ -219,9 +221,10 @@ class Session:
             self.tracker,
             ensure_topic=lambda topic: self.ensure_topic(topic, event=False),
             fail=owner.fail,
+            wait_for_room=self.wait_for_dead_letter_room,
         )
         self.decode = decoder_for(settings)
-        self.relations = Relations(settings)
+        self.relations = Relations(settings, table_oids)
         self.messages = MessageMapping(settings.message_prefix, settings.topic_template)
         # The prefix of the messages relayed; None while they are off (no prefix equals it).
         self.message_prefix: str | None = settings.message_prefix if settings.messages else None
@@ -556,11 +559,27 @@ class Session:
         if self.owner.stopping and self.stop.now():
             raise StopSession
 
+    def serve_while_committing(self) -> None:
+        """The loop's duties while a Kafka commit waits. A stop ends the wait at its deadline
+        (the commit's outcome is then unknown: the next start settles it)."""
+        self.housekeeping(between_records=False)  # no commit or split from inside one
+        if self.owner.stopping and self.stop.expired():
+            raise StopSession
+
     def wait_for_room(self) -> None:
         """Backpressure: the producer queue is full, so stop reading until deliveries drain."""
         self.sink.poll(0.05)
         self.handle_failures()
         self.serve_while_waiting()
+
+    def wait_for_dead_letter_room(self) -> None:
+        """The queue is full while a dead letter waits to be produced: serve the producer, and
+        stop or stand by when asked (the failures are not handled from inside the poison policy,
+        which is handling one)."""
+        self.sink.poll(0.05)
+        self.owner.require_leading()
+        if self.owner.stopping and self.stop.now():
+            raise StopSession
 
     def handle_failures(self) -> None:
         if self.window is not None:

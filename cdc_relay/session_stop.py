@@ -4,6 +4,8 @@ A stop requested between PostgreSQL transactions stops at once. Inside one, the 
 to its Commit, so that the transaction is relayed whole, for at most ``CDC_RELAY_SHUTDOWN_TIMEOUT``
 (a failed relay stops at once). Then the deliveries in flight are waited for, within the same
 deadline, and what Kafka acknowledged is confirmed (:meth:`cdc_relay.session.Session.shutdown`).
+A Kafka transaction's commit (publishing exactly once) is waited for within the same deadline
+too, and then given up (:meth:`StopRule.expired`): its outcome unknown, the next start settles it.
 """
 
 from __future__ import annotations
@@ -41,10 +43,16 @@ class StopRule:
         """A stop was requested inside a transaction: stop at once, or read on to its Commit?"""
         if self._owner.failed:
             return True
+        if self.deadline is None:
+            log.info("stop requested: reading on to the end of the transaction")
+        return self.expired()
+
+    def expired(self) -> bool:
+        """The requested stop's deadline passed (set at the first ask; a recorded failure does
+        not cut a wait short here)."""
         now = time.monotonic()
         if self.deadline is None:
             self.deadline = now + self._timeout
-            log.info("stop requested: reading on to the end of the transaction")
         return now >= self.deadline
 
     def drain(
@@ -52,7 +60,9 @@ class StopRule:
     ) -> None:
         """Wait (bounded by the deadline) until ``sink`` has nothing in flight, handing delivery
         failures to ``handle`` as they come."""
-        deadline = self.deadline or time.monotonic() + self._timeout
+        if self.deadline is None:  # the stop's one deadline: what waits after this shares it
+            self.deadline = time.monotonic() + self._timeout
+        deadline = self.deadline
         try:
             while sink.in_flight() > 0 and time.monotonic() < deadline:
                 sink.poll(0.1)

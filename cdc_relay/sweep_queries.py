@@ -15,14 +15,17 @@ collector's young generation, and collecting it stopped the relay's loop for 15-
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
 import psycopg
 from psycopg import sql
 
 from cdc_relay.config import OutboxTable
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.replication.source import relation_oid
+from cdc_relay.sweep_boundary import Leaf, Scan
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -37,23 +40,68 @@ class SweptTable(Protocol):
     condition: sql.Composable | None
 
 
-def _xid(boundary: int) -> str:
-    """The sweep boundary as the 32-bit xid ``age()`` compares across wraparound."""
-    return str(boundary & 0xFFFFFFFF)
+@dataclass(frozen=True)
+class Eligible:
+    """Per leaf (the table itself, or each leaf partition), the rows a statement may take: of
+    transactions from ``since`` on, while the statement's next id is below ``until``
+    (:mod:`cdc_relay.sweep_boundary`). A row of any other leaf is never taken."""
+
+    oids: tuple[int, ...] = ()
+    since: tuple[int, ...] = ()
+    until: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.oids)
+
+
+# The statement's next transaction id, read once (an InitPlan): every row it sees is older.
+_NOW = sql.SQL("(SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8)")
+# The distance from it back to a row's 32-bit xmin, in 1..2^32: the row's 64-bit id is NOW minus
+# it while the row is younger than 2^32 transactions (cdc_relay.sweep_boundary).
+_DISTANCE = sql.SQL("mod({now} - t.xmin::text::int8 + 4294967295, 4294967296) + 1").format(now=_NOW)
+
+
+def _eligible(eligible: Eligible) -> tuple[sql.Composable, list[object]]:
+    """The condition a row must meet (its leaf's ``since`` and ``until``), and its parameters.
+
+    One comparison (the distance is at least 1): the planner then estimates it as it did
+    ``age(xmin) <= age(boundary)`` and reads a page along the key's index; as two, it took them
+    for rarer, read the whole table and sorted it (a page of 1,000 of 20,000 rows: 19 ms of the
+    server against 0.6). A table that is not partitioned (one leaf) compares with plain numbers:
+    the arrays' lookups cost more than the comparison (that page: 0.76 ms with arrays, 0.63
+    without, 0.54 as age() compared)."""
+    leaf_is: sql.Composable
+    until: sql.Composable
+    since: sql.Composable
+    if len(eligible.oids) == 1:
+        leaf_is = sql.SQL("t.tableoid = %s::int8::oid AND ")
+        until = since = sql.SQL("%s")
+        params: list[object] = [eligible.oids[0], eligible.until[0], eligible.since[0]]
+    else:
+        leaf = sql.SQL("array_position(%s::int8[]::oid[], t.tableoid)")
+        leaf_is = sql.SQL("")
+        until = sql.SQL("(%s::int8[])[{}]").format(leaf)
+        since = sql.SQL("(%s::int8[])[{}]").format(leaf)
+        oids = list(eligible.oids)
+        params = [list(eligible.until), oids, list(eligible.since), oids]
+    condition = sql.SQL(
+        "{leaf_is}{distance} <= CASE WHEN {now} < {until} THEN {now} - {since} ELSE 0 END"
+    ).format(leaf_is=leaf_is, distance=_DISTANCE, now=_NOW, until=until, since=since)
+    return condition, params
 
 
 def select_page(
     conn: Connection,
     swept: SweptTable,
     after: object,
-    boundary: int,
+    eligible: Eligible,
     *,
     created_at: sql.Composable | None,
     limit: int,
 ) -> tuple[int, list[object]]:
     """Up to ``limit`` candidate keys after ``after`` (None: from the first), in key order, and
     the fence they were read below (0 when there are none). Keys as text (see above)."""
-    statement, params = page_statement(swept, after, boundary, created_at=created_at, limit=limit)
+    statement, params = page_statement(swept, after, eligible, created_at=created_at, limit=limit)
     rows = conn.execute(statement, params).fetchall()
     if not rows:
         return 0, []
@@ -67,7 +115,7 @@ def select_page(
 def page_statement(
     swept: SweptTable,
     after: object,
-    boundary: int,
+    eligible: Eligible,
     *,
     created_at: sql.Composable | None,
     limit: int,
@@ -81,11 +129,9 @@ def page_statement(
     # whose order is not the key's (an integer key's next page would skip "2" after "10").
     columns = sql.SQL(", ").join(sql.SQL("t.{}").format(c) for c in key)
     texts = sql.SQL(", ").join(sql.SQL("t.{}::text").format(c) for c in key)
-    # Only rows of transactions the slot is sure to have streamed (see
-    # PostgresCheckpointStore.load_sweep_boundary); age() compares 32-bit xids across
-    # wraparound, and a frozen xmin has the greatest age, so it is never taken.
-    conditions: list[sql.Composable] = [sql.SQL("age(xmin) <= age(%s::text::xid)")]
-    params: list[object] = [_xid(boundary)]
+    # Only rows of transactions the slot is sure to have streamed (cdc_relay.sweep_boundary).
+    condition, params = _eligible(eligible)
+    conditions: list[sql.Composable] = [condition]
     if after is not None:
         after_values = list(after) if len(key) > 1 else [after]  # type: ignore[call-overload]
         conditions.append(
@@ -114,10 +160,10 @@ def page_statement(
 
 
 def delete_batch(
-    conn: Connection, swept: SweptTable, ids: tuple[object, ...], boundary: int
+    conn: Connection, swept: SweptTable, ids: tuple[object, ...], eligible: Eligible
 ) -> tuple[object, ...]:
-    """Delete the rows of ``ids`` that are of transactions at or after ``boundary`` and still
-    match the table's condition, in one short transaction (the sweeper's connection
+    """Delete the rows of ``ids`` that ``eligible`` still allows and that still match the
+    table's condition, in one short transaction (the sweeper's connection
     autocommits); return the keys deleted (a text per row for a one-column key, a tuple of
     texts for a longer one)."""
     key = [sql.Identifier(c) for c in swept.key]
@@ -134,8 +180,9 @@ def delete_batch(
             sql.SQL(", ").join(sql.SQL("%b::{}[]").format(t) for t in swept.key_types),
         )
         params = [[row[i] for row in ids] for i in range(len(key))]  # type: ignore[index]
-    match = sql.SQL("{} AND age(t.xmin) <= age(%s::text::xid)").format(match)
-    params.append(_xid(boundary))
+    condition, eligible_params = _eligible(eligible)
+    match = sql.SQL("{} AND {}").format(match, condition)
+    params.extend(eligible_params)
     if swept.condition is not None:
         match = sql.SQL("{} AND {}").format(match, swept.condition)
     statement = sql.SQL("DELETE FROM {} AS t WHERE {} RETURNING {}").format(table, match, returning)
@@ -165,12 +212,130 @@ def retention(conn: Connection, table: OutboxTable, seconds: float, zone: str) -
 
 
 def live_rows(conn: Connection, table: OutboxTable) -> int:
-    """The table's live rows by the statistics (may lag): an estimate of what is left."""
+    """The table's live rows by the statistics (may lag), its partitions' for a partitioned
+    one: an estimate of what is left."""
     row = conn.execute(
-        "SELECT greatest(n_live_tup, 0) FROM pg_stat_user_tables WHERE relid = %s",
-        (relation_oid(conn, table),),
+        "SELECT sum(greatest(n_live_tup, 0)) FROM pg_stat_user_tables WHERE relid = %s "
+        "OR relid IN (SELECT relid FROM pg_partition_tree(%s::oid::regclass) WHERE isleaf)",
+        (relation_oid(conn, table),) * 2,
     ).fetchone()
     return int(str(row[0])) if row and row[0] is not None else 0
+
+
+# The outbox's leaves: itself (a table), or its leaf partitions (partitions of partitions too),
+# each with its parent in the tree, the xmin of the pg_inherits row attaching it there, its
+# relfilenode and its pg_class row's xmin; with the statement's next transaction id.
+_LEAVES = (
+    "WITH tree AS (SELECT relid, parentrelid, isleaf FROM pg_partition_tree(%(root)s::regclass) "
+    "  UNION ALL SELECT %(root)s::regclass, NULL, true "
+    "  WHERE NOT EXISTS (SELECT FROM pg_partition_tree(%(root)s::regclass))) "
+    "SELECT (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8), t.relid::oid::int8, "
+    "t.relid::regclass::text, t.parentrelid::oid::int8, t.isleaf, c.relfilenode::int8, "
+    "c.xmin::text::int8, i.xmin::text::int8 FROM tree t JOIN pg_class c ON c.oid = t.relid "
+    "LEFT JOIN pg_inherits i ON i.inhrelid = t.relid AND i.inhparent = t.parentrelid "
+    "AND t.relid <> %(root)s::regclass"
+)
+
+
+def leaves(conn: Connection, oid: int) -> tuple[int, list[Leaf]]:
+    """The next transaction id and the leaves of the table ``oid``, in one statement."""
+    rows = conn.execute(_LEAVES, {"root": oid}).fetchall()
+    now = int(str(rows[0][0])) if rows else 0
+    nodes = {int(str(r[1])): r for r in rows}
+    found: list[Leaf] = []
+    for row in rows:
+        if not row[4]:
+            continue
+        attached: list[int] = []
+        node = row
+        while int(str(node[1])) != oid and node[7] is not None:
+            attached.append(int(str(node[7])))
+            node = nodes[int(str(node[3]))]
+        found.append(
+            Leaf(int(str(row[1])), str(row[2]), tuple(attached), int(str(row[5])), int(str(row[6])))
+        )
+    return now, found
+
+
+def scan(conn: Connection, table: OutboxTable, looks: dict[int, int]) -> dict[int, Scan]:
+    """Per leaf of ``looks`` (oid -> since): its rows older than ``since``, the smallest image
+    among them and the rows taken for younger, with the next id and the oldest running
+    transaction, all in one snapshot. Reads every row of those leaves (through the table, so a
+    partition needs no privilege of its own)."""
+    oids = list(looks)
+    since = [looks[o] for o in oids]
+    rows = conn.execute(
+        sql.SQL(
+            "WITH s AS MATERIALIZED (SELECT "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS now, "
+            "pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS running), "
+            "r AS (SELECT t.tableoid AS leaf, "
+            "s.now - (mod(s.now - t.xmin::text::int8 + 4294967295, 4294967296) + 1) AS image, "
+            "(%s::int8[])[array_position(%s::int8[]::oid[], t.tableoid)] AS since "
+            "FROM {table} t, s WHERE t.tableoid = ANY(%s::int8[]::oid[])) "
+            "SELECT s.now, s.running, l.leaf::int8, "
+            "count(r.leaf) FILTER (WHERE r.image < r.since), "
+            "min(r.image) FILTER (WHERE r.image < r.since), "
+            "count(r.leaf) FILTER (WHERE r.image >= r.since) "
+            "FROM s CROSS JOIN unnest(%s::int8[]::oid[]) l(leaf) LEFT JOIN r ON r.leaf = l.leaf "
+            "GROUP BY s.now, s.running, l.leaf"
+        ).format(table=sql.Identifier(*table.schema_and_name)),
+        (since, oids, oids, oids),
+    ).fetchall()
+    return {
+        int(str(leaf)): Scan(
+            int(str(now)),
+            int(str(running)),
+            int(str(older)),
+            None if oldest is None else int(str(oldest)),
+            int(str(younger)),
+        )
+        for now, running, leaf, older, oldest, younger in rows
+    }
+
+
+def older_rows(table: OutboxTable, leaf: int, since: int) -> sql.Composed:
+    """A query for an operator: the rows of ``leaf`` older than ``since``, which the sweeper
+    never deletes (valid while they are younger than 2^32 transactions)."""
+    return sql.SQL(
+        "SELECT * FROM {table} t WHERE t.tableoid = {leaf} AND {distance} > {now} - {since}"
+    ).format(
+        table=sql.Identifier(*table.schema_and_name),
+        leaf=sql.Literal(leaf),
+        distance=_DISTANCE,
+        now=_NOW,
+        since=sql.Literal(since),
+    )
+
+
+def load_horizons(conn: Connection, schema: str, slot: str) -> object:
+    """The horizons the sweepers of this slot have kept (``slot_position.sweep_horizons``)."""
+    row = conn.execute(
+        sql.SQL("SELECT sweep_horizons FROM {} WHERE slot_name = %s").format(
+            sql.Identifier(schema, "slot_position")
+        ),
+        (slot,),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def save_horizons(
+    conn: Connection, schema: str, slot: str, boundary: int, entries: dict[str, object]
+) -> bool:
+    """Keep ``entries`` (leaf oid -> horizon) beside those of the same boundary another sweeper
+    kept, dropping any other boundary's; only while the record's boundary is ``boundary``.
+    True if written."""
+    cursor = conn.execute(
+        sql.SQL(
+            "UPDATE {} SET sweep_horizons = coalesce((SELECT jsonb_object_agg(e.key, e.value) "
+            "FROM jsonb_each(CASE WHEN jsonb_typeof(sweep_horizons) = 'object' "
+            "THEN sweep_horizons END) e WHERE jsonb_typeof(e.value) = 'object' "
+            "AND e.value->>'b' = %s), '{{}}'::jsonb) || %s::jsonb "
+            "WHERE slot_name = %s AND sweep_from_xid = %s::text::xid8"
+        ).format(sql.Identifier(schema, "slot_position")),
+        (str(boundary), orjson.dumps(entries).decode(), slot, str(boundary)),
+    )
+    return cursor.rowcount == 1
 
 
 def published_tables(conn: Connection, publication: str) -> set[str]:

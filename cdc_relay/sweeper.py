@@ -12,22 +12,55 @@ event. So, per outbox table, two phases and no state that must survive a crash:
    as several such pages, each with its own fence, up to :data:`MAX_CANDIDATES_PER_TABLE` per
    pass;
 2. *delete*: once the recorded position is ``>= L``, ``DELETE ... WHERE key = ANY(candidates)``
-   (and the row filter and sweep condition, checked again) in a transaction of its own: row locks
-   on published rows only, never a table lock, so inserting writers are never blocked.
+   (and the row filter, sweep condition and sweep boundary, checked again) in a transaction of its
+   own: row locks on published rows only, never a table lock, so inserting writers are never
+   blocked.
 
 The row key is not the event id: it is the table's primary key or configured unique columns
-(:mod:`cdc_relay.row_key`), whatever column feeds the ``id`` header. A row the row filter leaves
-out is never published, so it is never a candidate either: rows for another destination stay.
+(:mod:`cdc_relay.row_key`), whatever column feeds the ``id`` header, read with its columns' types
+every pass: a key column whose type changed (``ALTER COLUMN id TYPE text``) or a new primary key
+drops the candidates selected by the old one, which are selected again. A row the row filter
+leaves out is never published, so it is never a candidate either: rows for another destination
+stay.
+
+The fence covers commits the slot decoded; it cannot cover rows the slot never decoded — rows of
+transactions older than the slot (or than a change of the relay's row filter, or than the
+attaching of the partition they are in). The *sweep boundary* (``slot_position.sweep_from_xid``,
+a 64-bit transaction id taken when the slot was created) excludes them: a statement only takes a
+row of a transaction at or after its table's (its partition's) effective boundary, comparing the
+row's 32-bit ``xmin`` through the statement's own next 64-bit id; such rows (which predate the
+boundary) are never deleted. :mod:`cdc_relay.sweep_boundary` owns that comparison and why it stays
+exact however many transactions pass: it looks at each table once, settles it when no older row is
+left, and otherwise keeps the point at which an older row's 32-bit id would come round, stopping
+this table's deletes (loudly, naming the rows) before it — what it learnt is kept in
+``slot_position.sweep_horizons``, for sweepers started later.
+
+A table rewrite (``ALTER TABLE … TYPE``, ``VACUUM FULL``, ``CLUSTER``) keeps both halves true.
+The fence: a rewritten row is visible to the select only once the rewrite committed, after the
+row's own insert — below ``L`` too. The boundary: a rewrite may give every row the rewriting
+transaction's id, an older row too; a table with no older row left (settled) has none to confuse,
+and one that has moves its effective boundary past the rewrite (every row it holds then is kept).
+An ``UPDATE`` of an older row does the same to that row and is not seen: outbox rows are written
+once.
 
 Candidates wait in memory between passes; after a crash they are simply selected again — with a
 new fence, which the relay has to confirm past first (the fence is the WAL's end, always beyond
 the record), so a sweeper that starts while the relay is down deletes nothing. The publication
 publishes inserts only, so the deletes never reach the relay (nor Kafka).
 
+A partitioned outbox is swept through its root, its key (which includes the partition key) naming
+a row in whichever partition holds it; its publication publishes the partitions' rows as the
+root's (``publish_via_partition_root``). Each leaf partition has its own effective boundary: after
+the transaction that attached it (its ``pg_inherits`` rows, up to the root), so the rows a table
+brought with it when it was attached — committed before it was part of the outbox, never
+published — are never deleted. Detaching or dropping a partition loses nothing unpublished: rows
+committed in it before are in the WAL the slot keeps, and decoded with the catalog of their time.
+
 Several sweepers at once are harmless, each deleting only what the record covers: the relay runs
 its own only while it leads (:mod:`cdc_relay.leadership`), but a ``sweep`` command beside it, or a
 stale leader's sweeper for the moment before it notices, may sweep too. The record is written only
-by the lease holder, and only ever with positions Kafka acknowledged.
+by the lease holder, and only ever with positions Kafka acknowledged; the horizons only with what a
+look at the table found, for the boundary the record holds.
 
 Guards, checked every pass before anything is deleted:
 
@@ -40,7 +73,13 @@ Guards, checked every pass before anything is deleted:
   the relay's filter was never published;
 - a table is swept only while the relay's publication publishes its inserts (rows of a table the
   relay does not stream are never "published", whatever the recorded position says), and only
-  when it has a row key that is unique (the delete names rows by it).
+  when it has a row key that is unique (the delete names rows by it);
+- a table (a partition) whose older rows could soon look younger than its boundary is not swept
+  (``sweep`` exits 3) until they are gone.
+- nothing is swept while the publication and the outbox tables are not what the relay verified
+  and recorded with its position (:mod:`cdc_relay.publication_stamp`): the relay records no
+  position past a change, and the start after one takes the sweep boundary afresh; until then,
+  rows committed since may never have been streamed.
 
 The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
 the position that covers it: a relay restarted with another filter takes a new boundary, so rows
@@ -72,15 +111,33 @@ from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.postgres_errors import During, error_for, message
 from cdc_relay.publication_filter import find_mismatch
+from cdc_relay.publication_stamp import sweep_refusal
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.relayed_filters import differences
-from cdc_relay.replication.source import connect
+from cdc_relay.replication.source import connect, relation_oid
 from cdc_relay.row_key import key_types, resolve_row_key
+from cdc_relay.sweep_boundary import (
+    NO_HORIZON,
+    REFUSE_MARGIN,
+    WARN_MARGIN,
+    Horizon,
+    Look,
+    from_json,
+    left,
+    plan,
+    settle,
+)
 from cdc_relay.sweep_queries import (
+    Eligible,
     delete_batch,
+    leaves,
     live_rows,
+    load_horizons,
+    older_rows,
     published_tables,
     retention,
+    save_horizons,
+    scan,
     select_page,
 )
 
@@ -211,8 +268,11 @@ class SweepResult:
     batches: list[SweptBatch] = field(default_factory=list)
     deleted_by_table: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # table -> why it was not swept
-    # table -> why this sweeper may not sweep it (its row filter is not the relay's)
+    # table -> why this sweeper may not sweep it (its row filter is not the relay's, or rows
+    # older than its sweep boundary could no longer be told from younger ones)
     refused: dict[str, str] = field(default_factory=dict)
+    # table -> what will stop its sweeping if nobody acts (older rows nearing their horizon)
+    warnings: dict[str, str] = field(default_factory=dict)
 
     def add(self, batch: SweptBatch) -> None:
         self.batches.append(batch)
@@ -235,6 +295,8 @@ class SweepResult:
             lines.append(f"not swept {table}: {error}")
         for table, reason in self.refused.items():
             lines.append(f"refused to sweep {table}: {reason}")
+        for table, warning in self.warnings.items():
+            lines.append(f"warning for {table}: {warning}")
         if self.waiting == 0:
             lines.append("nothing waits")
         elif self.position is None:
@@ -260,6 +322,12 @@ class _TableState:
         self.pages = 1  # pages the last selection read: what the next is expected to read
         self.key: tuple[str, ...] = ()  # the row key, resolved each pass
         self.key_types: list[sql.Composable] = []  # of the key's columns, resolved with it
+        # Per leaf (the table, or each leaf partition) what the last look found, and when
+        # (monotonic), and what this pass's statements may take (cdc_relay.sweep_boundary).
+        self.horizons: dict[int, Horizon] = {}
+        self.looked: dict[int, float] = {}
+        self.unsaved: dict[str, object] = {}  # learnt, not yet kept in the database
+        self.eligible = Eligible()
         # Row filter and sweep condition: what a row must match to be deleted at all.
         conditions = [c for c in (table.filter, table.sweep_filter) if c is not None]
         self.condition: sql.Composable | None = (
@@ -285,6 +353,7 @@ class Sweeper:
         self._spread = 0.0
         self._pace = Pace(0, 0.0, 0.0)
         self._reported: dict[str, str] = {}  # table -> the error last logged for it
+        self._warned: set[str] = set()  # tables warned about the last pass
         # Counters for metrics and /status.
         self.deleted_total = 0
         self.last_sweep_at = 0.0  # Unix time of the last completed pass
@@ -401,6 +470,7 @@ class Sweeper:
         result.position = position
         published = published_tables(conn, self.settings.publication_name)
         refused = self._refused(conn, record) if position is not None else {}
+        stored = self._stored_horizons(conn) if boundary is not None else None
         self._pace = Pace(self._planned(position, boundary, select), self._spread, time.monotonic())
         for state in self._tables:
             table = state.table.table
@@ -416,18 +486,25 @@ class Sweeper:
                 )
                 continue
             key = resolve_row_key(conn, state.table)
-            if key.problem is not None or key.columns != state.key:
+            types = key_types(conn, state.table, key.columns) if key.columns else []
+            if key.problem is not None or (key.columns, types) != (state.key, state.key_types):
                 # A delete by a key that is not unique could also hit a later row; candidates
-                # selected by another key are not this key's values.
+                # selected by another key, or as another type, are not this key's values.
                 state.queue.clear()
-                state.key = key.columns
-                state.key_types = key_types(conn, state.table, key.columns) if key.columns else []
+                state.key, state.key_types = key.columns, types
             if key.problem is not None:
                 result.errors[table] = key.problem
                 continue
             if self._stopping():
                 break
             try:
+                state.eligible = Eligible()
+                if boundary is not None:
+                    self._judge(conn, state, boundary, stored, result)
+                if not state.eligible:  # no boundary yet, or no leaf of it may be swept now
+                    state.queue.clear()
+                    state.unselected = 0
+                    continue
                 self._delete_covered(conn, state, position, boundary, result)
                 if select and not state.queue:
                     self._select(conn, state, boundary)
@@ -436,8 +513,14 @@ class Sweeper:
                 psycopg.errors.UndefinedColumn,
                 psycopg.errors.InsufficientPrivilege,
                 psycopg.errors.InvalidParameterValue,
+                # The key's type changed between the pass's catalog read and a statement: the
+                # next pass reads it again.
+                psycopg.errors.UndefinedFunction,
+                psycopg.errors.DatatypeMismatch,
+                psycopg.errors.InvalidTextRepresentation,
             ) as exc:
                 state.queue.clear()
+                state.key = ()
                 result.errors[table] = self._setup_message(state.table, exc)
         result.waiting = sum(s.queue.rows + s.unselected for s in self._tables)
         fences = [s.queue.highest_fence for s in self._tables if s.queue]
@@ -456,14 +539,13 @@ class Sweeper:
         for index, batch in enumerate(taken):
             # take_covered returns nothing without a position (nor, as called, a boundary)
             assert position is not None
-            assert boundary is not None
             self._rest()
             if self._stopping():
                 state.queue.put_back(taken[index:])
                 return
             started = time.monotonic()
             try:
-                ids = self._delete(conn, state, batch, boundary)
+                ids = self._delete(conn, state, batch, state.eligible)
             except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
                 # Somebody holds one of these rows: try again next pass.
                 state.queue.put_back(taken[index:])
@@ -502,11 +584,11 @@ class Sweeper:
         return planned
 
     def _delete(
-        self, conn: Connection, state: _TableState, batch: Candidates, boundary: int
+        self, conn: Connection, state: _TableState, batch: Candidates, eligible: Eligible
     ) -> tuple[object, ...]:
-        """Phase 2 for one batch: only rows of transactions at or after ``boundary``, the sweep
+        """Phase 2 for one batch: only rows ``eligible`` allows, as judged with the sweep
         boundary read with the position that covers the batch."""
-        return delete_batch(conn, state, batch.ids, boundary)
+        return delete_batch(conn, state, batch.ids, eligible)
 
     def _select(self, conn: Connection, state: _TableState, boundary: int | None) -> None:
         """Phase 1: pages of candidates, each with its own fence, up to the per-table cap."""
@@ -528,7 +610,7 @@ class Sweeper:
             started = time.monotonic()
             try:
                 fence, ids = select_page(
-                    conn, state, after, boundary, created_at=created_at, limit=self.batch_size
+                    conn, state, after, state.eligible, created_at=created_at, limit=self.batch_size
                 )
             finally:
                 self._pace.ran(time.monotonic() - started)
@@ -539,6 +621,136 @@ class Sweeper:
             after = ids[-1]
         # Capped: estimate what is left for later passes (statistics, may lag).
         state.unselected = max(live_rows(conn, table) - state.queue.rows, 0)
+
+    # -- the sweep boundary, per leaf ---------------------------------------------------------
+
+    def _judge(
+        self,
+        conn: Connection,
+        state: _TableState,
+        boundary: int,
+        stored: dict[str, object] | None,
+        result: SweepResult,
+    ) -> None:
+        """Set ``state.eligible``: the leaves of the table that may be swept, each from its
+        effective boundary and below its horizon; look at those that need it (a scan each) and
+        keep what was learnt; refuse or warn about the others (:mod:`cdc_relay.sweep_boundary`)."""
+        table = state.table
+        oid = relation_oid(conn, table)
+        if oid is None:
+            return
+        now, found = leaves(conn, oid)
+        plans: dict[int, Horizon | Look] = {}
+        for leaf in found:
+            known = state.horizons.get(leaf.oid)
+            if known is None or known.boundary != boundary:
+                known = from_json((stored or {}).get(str(leaf.oid)))
+            looked = state.looked.get(leaf.oid)
+            ago = None if looked is None else time.monotonic() - looked
+            plans[leaf.oid] = plan(leaf, known, boundary, now, ago)
+        looks = {o: p for o, p in plans.items() if isinstance(p, Look)}
+        scans = scan(conn, table, {o: p.since for o, p in looks.items()}) if looks else {}
+        learnt: dict[str, object] = {}
+        refusals: list[str] = []
+        warnings: list[str] = []
+        oids: list[int] = []
+        since: list[int] = []
+        until: list[int] = []
+        for leaf in found:
+            decided = plans[leaf.oid]
+            if isinstance(decided, Look):
+                state.looked[leaf.oid] = time.monotonic()
+                judged = settle(leaf, decided, boundary, scans[leaf.oid])
+                if isinstance(judged, str):
+                    state.horizons.pop(leaf.oid, None)
+                    refusals.append(f"{judged}. {self._new_boundary_fix(leaf.name, leaf.attached)}")
+                    continue
+                decided = judged
+                state.horizons[leaf.oid] = judged
+                learnt[str(leaf.oid)] = judged.to_json()
+            remaining = left(decided, now)
+            if remaining is not None and remaining <= WARN_MARGIN:
+                what = self._older_rows(table, leaf.oid, leaf.name, decided, remaining)
+                if remaining <= REFUSE_MARGIN:
+                    refusals.append(f"{what}: the sweeper stops deleting from it now")
+                    continue
+                warnings.append(
+                    f"{what}: the sweeper stops deleting from it {REFUSE_MARGIN} transactions "
+                    "before that"
+                )
+            oids.append(leaf.oid)
+            if decided.until is None:  # settled: every row of it is younger than its boundary
+                since.append(0)
+                until.append(NO_HORIZON)
+            else:
+                since.append(decided.since)
+                until.append(decided.until)
+        state.unsaved = {
+            k: v for k, v in state.unsaved.items() if from_json(v) == state.horizons.get(int(k))
+        }
+        state.unsaved.update(learnt)
+        if state.unsaved and self._keep_horizons(conn, boundary, state.unsaved):
+            state.unsaved = {}
+        if refusals:
+            result.refused[table.table] = "; ".join(refusals)
+        if warnings:
+            result.warnings[table.table] = "; ".join(warnings)
+        state.eligible = Eligible(tuple(oids), tuple(since), tuple(until))
+
+    def _older_rows(
+        self, table: OutboxTable, oid: int, name: str, horizon: Horizon, remaining: int
+    ) -> str:
+        query = older_rows(table, oid, horizon.since).as_string(self._conn)
+        return (
+            f"{name}: {horizon.older} row(s) predate the sweep boundary (they were committed "
+            "before the relay's slot, a change of its row filter, a rewrite of the table or its "
+            "partition's attach, and were never published by it); in "
+            f"{max(remaining, 0)} transactions their 32-bit transaction ids come round and "
+            "would look younger than the boundary. Delete them once you have checked they were "
+            f"published otherwise (find them with: {query}); the sweeper then settles the table"
+        )
+
+    def _new_boundary_fix(self, name: str, attached: tuple[int, ...]) -> str:
+        settings = self.settings
+        statement = sql.SQL(
+            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()) "
+            "WHERE slot_name = {}"
+        ).format(
+            sql.Identifier(settings.state_schema, "slot_position"),
+            sql.Literal(settings.slot_name),
+        )
+        again = f" (or detach {name} and attach it again)" if attached else ""
+        return (
+            "Nothing is deleted from it until a new sweep boundary is taken"
+            f"{again}: run {statement.as_string(self._conn)} — every row there then is kept "
+            "for good: delete those the relay published yourself"
+        )
+
+    def _stored_horizons(self, conn: Connection) -> dict[str, object]:
+        """What sweepers of this slot learnt and kept (anything else read as nothing)."""
+        settings = self.settings
+        try:
+            stored = load_horizons(conn, settings.state_schema, settings.slot_name)
+        except psycopg.errors.UndefinedColumn as exc:
+            raise SourceSetupError(
+                f"the relay's state table lacks a column ({exc.diag.message_primary}): the "
+                "relay of this version adds it when it starts (or run "
+                "sql/002_cdc_relay_state.sql as its owner); nothing is swept until then"
+            ) from None
+        return {str(k): v for k, v in stored.items()} if isinstance(stored, dict) else {}
+
+    def _keep_horizons(self, conn: Connection, boundary: int, learnt: dict[str, object]) -> bool:
+        """Keep what looks found for later sweepers; True once written. A write that cannot be
+        made now (the relay holds the record's row) is tried again next pass."""
+        settings = self.settings
+        try:
+            return save_horizons(conn, settings.state_schema, settings.slot_name, boundary, learnt)
+        except (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.InsufficientPrivilege,
+        ):
+            return False
 
     # -- what the relay has published --------------------------------------------------------
 
@@ -572,8 +784,9 @@ class Sweeper:
         return record
 
     def _refused(self, conn: Connection, record: Record | None) -> dict[str, str]:
-        """Per table, why this sweeper's row filter is not the one the relay relays it with:
-        the relay's recorded filters and, on PostgreSQL 15+, the publication's."""
+        """Per table, why this sweeper's row filter is not the one the relay relays it with (the
+        relay's recorded filters and, on PostgreSQL 15+, the publication's), or why nothing may
+        be swept (the publication is not the one the relay recorded with its position)."""
         tables = [s.table for s in self._tables]
         several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
         found = differences(record.row_filters if record is not None else None, tables)
@@ -594,6 +807,9 @@ class Sweeper:
                     f"{'row filter ' + text if text else 'no row filter'}, and this sweeper's "
                     f"row filter is {mine}: the relay sets the publication's at its start",
                 )
+        stamped = sweep_refusal(conn, record.publication_stamp if record is not None else None)
+        for table in tables if stamped is not None else ():
+            refused.setdefault(table.table, str(stamped))
         return refused
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -648,4 +864,12 @@ class Sweeper:
                 log.error(
                     "outbox table not swept", extra={"fields": {"table": table, "error": error}}
                 )
+        for table, warning in result.warnings.items():
+            # The count of transactions left changes every pass: said once per kind of warning.
+            if table not in self._warned:
+                log.warning(
+                    "outbox table will stop being swept",
+                    extra={"fields": {"table": table, "warning": warning}},
+                )
         self._reported = problems
+        self._warned = set(result.warnings)

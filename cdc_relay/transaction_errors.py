@@ -5,7 +5,9 @@ and the producer's fatal errors end in one of three outcomes: refuse to start an
 (the broker or the principal cannot do transactions: exit 2), stand by (another producer of the
 slot fenced this one), or retry (the coordinator is moving or the broker is unreachable).
 A call that timed out may be called again (librdkafka resumes it); a transaction librdkafka
-calls abortable is not committed: the session ends, and what it held is sent again.
+calls abortable is not committed (:class:`TransactionAborted`): the session ends, and what it held
+is sent again. A commit that failed otherwise — timed out for good, the broker unreachable — may
+have committed: :mod:`cdc_relay.kafka_transaction` leaves its outcome to be settled.
 :func:`transaction_failure` turns one error into the relay's own (:mod:`cdc_relay.errors`).
 """
 
@@ -32,6 +34,11 @@ TIMEOUT_FIX = (
     "transaction.timeout.ms is above the broker's transaction.max.timeout.ms: lower it in the "
     "Kafka producer properties"
 )
+
+
+class TransactionAborted(SinkUnavailable):
+    """The Kafka transaction did not commit and cannot (librdkafka: it must be aborted): what it
+    held is sent again, its outcome known."""
 
 
 class Outcome(Enum):
@@ -74,11 +81,14 @@ def resumable(error: Any) -> bool:
 def transaction_failure(error: Any, doing: str) -> RelayError:
     """The relay's error for librdkafka's ``error`` (a KafkaError) while ``doing`` something:
     ConfigError (exit 2) naming the fix, LeadershipLost (stand by), else SinkUnavailable (the
-    session ends, the producer is rebuilt, the uncommitted part is sent again)."""
+    session ends, the producer is rebuilt, the uncommitted part is sent again) —
+    TransactionAborted when librdkafka says the transaction must be aborted."""
     code = int(error.code())
     found = outcome(code)
     if found is Outcome.REFUSE:
         return ConfigError(f"Kafka refused {doing}: {error.str()}; {fix(code)}")
     if found is Outcome.FENCED:
         return LeadershipLost(f"fenced while {doing}: another producer of the slot took over")
+    if error.txn_requires_abort():
+        return TransactionAborted(f"{doing} failed: {error.str()}")
     return SinkUnavailable(f"{doing} failed: {error.str()}")

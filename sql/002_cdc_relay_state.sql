@@ -26,6 +26,19 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS timeline_id integer
 -- The row filters the relay relays with (a JSON object: table -> condition, null for none), set
 -- at its start: the sweeper deletes only rows of these filters, and refuses to sweep with others.
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS row_filters jsonb;
+-- What the relay verified its publication and outbox tables to be at its start (the identities
+-- of their catalog rows): every write of confirmed_lsn requires them unchanged, so no position
+-- is recorded past WAL decoded under another publication; the sweeper deletes nothing while
+-- they differ. And the oldest transaction running at the last write that found them so: after a
+-- change, rows of transactions from it on may never have been streamed; the next start names
+-- them and takes sweep_from_xid afresh.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS publication_stamp jsonb;
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS stamp_checked_xid xid8;
+-- What the sweeper learnt of the rows older than sweep_from_xid, per outbox table or partition (a
+-- JSON object: oid -> the boundary it is of, its effective boundary, and the transaction id from
+-- which one of those rows could look younger, or none): 32-bit row ids come round every 2^32
+-- transactions, and this lets a sweeper started later still tell them apart (see sweeper.py).
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_horizons jsonb;
 -- What the relay has provably published (a JSON object: the sweep boundary, a snapshot whose
 -- outbox rows Kafka acknowledged, and the offsets after which the records of any later row lie),
 -- written with the position: `cdc-relay recover` re-publishes only rows it does not prove.

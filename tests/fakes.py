@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from confluent_kafka import KafkaError, KafkaException
 from psycopg import sql
 
@@ -34,12 +35,21 @@ from cdc_relay.errors import RelayError
 from cdc_relay.leadership import ForeignHolder, require_lease
 from cdc_relay.lsn import parse_lsn
 from cdc_relay.publication_filter import FilterMismatch
+from cdc_relay.publication_stamp import (
+    Change,
+    PublicationStamp,
+    change_error,
+    parse,
+    unrelayed_changes,
+)
 from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
 from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
 from cdc_relay.recovery.plan import Cause
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
+from cdc_relay.sweep_boundary import NO_HORIZON
+from cdc_relay.sweep_queries import Eligible
 from cdc_relay.transaction_errors import transaction_failure
 
 PGOUTPUT_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pgoutput"
@@ -130,8 +140,15 @@ class FakeStore:
         self.saved: list[int] = []
         self.noted: dict[tuple[str, int], int] = {}
         self.offsets: list[dict[tuple[str, int], int]] = []
+        # Writes after this many find another publication (None: never), as the real one would.
+        self.changed_after: int | None = None
+        self.attempts = 0
 
     def save(self, lsn: int, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        self.attempts += 1
+        if self.changed_after is not None and len(self.saved) >= self.changed_after:
+            now = publication_stamp(rel=["17000", "900"])
+            raise change_error(None, publication_stamp(), now, None)
         self.saved.append(lsn)
         self.offsets.append(dict(offsets or {}))
         self._journal.append(("record", lsn))
@@ -391,8 +408,34 @@ class FakeStream:
         self.closed = True
 
 
+def publication_stamp(
+    *,
+    oid: str | None = "16400",
+    rel: list[str] | None = None,
+    pub: list[str] | None = None,
+    type_xmin: str = "700",
+    table: str = "public.outbox",
+    plugin: str = "pgoutput",
+) -> PublicationStamp:
+    """A stamp as :mod:`cdc_relay.publication_stamp` reads one: the publication's row and one
+    outbox table (pgoutput: with its row in the publication)."""
+    schema, name = table.split(".")
+    entry: dict[str, object] = {
+        "table": table, "schema": schema, "name": name, "oid": oid,
+        "kind": "r" if oid is not None else None, "type": type_xmin,
+    }  # fmt: skip
+    data: dict[str, object] = {"plugin": plugin, "publication": "cdc_relay_outbox"}
+    if plugin == "pgoutput":
+        entry["rel"] = rel if rel is not None else ["16401", "731"]
+        data["pub"] = pub if pub is not None else ["16396", "726"]
+        data["schemas"] = []
+    data["tables"] = [entry]
+    return PublicationStamp(data)
+
+
 class FakeStartStore:
-    """The position record, fenced by the lease like the real one."""
+    """The position record, fenced by the lease like the real one, and once verified by the
+    publication's stamp (``database.publication``) like the real one."""
 
     def __init__(self, database: FakeStartDatabase) -> None:
         self._db = database
@@ -401,14 +444,34 @@ class FakeStartStore:
         self._db.journal.append("ensure_table")
         return False
 
-    def restart_sweep_boundary(self) -> None:
+    def restart_sweep_boundary(self) -> int | None:
         self._db.journal.append("restart_sweep_boundary")
+        return self._db.next_xid
+
+    def verify(self, stamp: PublicationStamp) -> None:
+        self._db.verified = stamp
+        self._db.journal.append("verify")
+
+    def _checked(self) -> None:
+        db = self._db
+        if db.verified is None:
+            return
+        if db.publication.data != db.verified.data:
+            raise change_error(None, db.verified, db.publication, None)
+        db.recorded_stamp = db.verified.data
+        db.checked_xid = db.next_xid
 
     def load_record(self) -> PositionRecord:
         db = self._db
         stamp = None if db.recorded is None else Stamp(db.recorded, SYSTEM, db.recorded_timeline)
         return PositionRecord(
-            stamp, None, db.row_filters, Server(SYSTEM, db.timeline_id, db.wal_end)
+            stamp,
+            None,
+            db.row_filters,
+            Server(SYSTEM, db.timeline_id, db.wal_end),
+            db.recorded_stamp,
+            db.checked_xid,
+            "2026-01-01 00:00:00+00",
         )
 
     def save(
@@ -419,6 +482,7 @@ class FakeStartStore:
     ) -> None:
         db = self._db
         fenced(1 if db.lease_ours else 0, "the position was not recorded")
+        self._checked()
         db.recorded = lsn
         db.recorded_timeline = db.timeline_id
         if offsets is not None or new_slot:
@@ -427,6 +491,7 @@ class FakeStartStore:
 
     def record_row_filters(self, filters: Mapping[str, str | None], changed: bool) -> None:
         fenced(1 if self._db.lease_ours else 0, "nothing was recorded")
+        self._checked()
         self._db.row_filters = dict(filters)
         self._db.journal.append(("row_filters", changed))
 
@@ -456,6 +521,12 @@ class FakeStartDatabase:
         self.offsets: Offsets | None = None
         self.noted: Offsets | None = None
         self.row_filters: object = None
+        # The publication now, the one the start verified, the one recorded with the position.
+        self.publication = publication_stamp()
+        self.verified: PublicationStamp | None = None
+        self.recorded_stamp: object = None
+        self.checked_xid: int | None = None
+        self.next_xid = 1000
         self.system = SYSTEM
         self.timeline_id = 1
         self.wal_end: int | None = 0x10_000_000
@@ -476,6 +547,13 @@ class FakeStartDatabase:
 
     def ensure_row_filters(self) -> FilterMismatch | None:
         return None
+
+    def publication_stamp(self) -> PublicationStamp:
+        self.journal.append("publication_stamp")
+        return self.publication
+
+    def unrelayed(self, recorded: object, found: PublicationStamp) -> list[Change]:
+        return unrelayed_changes(None, parse(recorded), found)
 
     def store(self) -> FakeStartStore:
         return FakeStartStore(self)
@@ -588,6 +666,16 @@ class FakeStart:
 
     def forget(self) -> None:
         self.forgotten += 1
+
+
+def eligible_since(
+    conn: psycopg.Connection[tuple[object, ...]], table: str, since: int
+) -> Eligible:
+    """What the sweeper's statements may take of ``table`` (a plain table): rows of transactions
+    from ``since`` on, with no horizon (as if it had looked at it and found no older row)."""
+    row = conn.execute("SELECT %s::regclass::oid::int8", (table,)).fetchone()
+    assert row is not None
+    return Eligible((int(str(row[0])),), (since,), (NO_HORIZON,))
 
 
 @dataclass

@@ -58,7 +58,8 @@ COMMANDS: tuple[Command, ...] = (
         "Runs the relay's own start-up checks and more, all reported rather than stopping at "
         "the first: one line per check, ok or FAIL with the statement that fixes it (server "
         "version, wal_level, slots and WAL senders, privileges, tables and columns, "
-        "publication, slot, messages, leadership, the broker, topics, transactions). It "
+        "publication, slot, messages, leadership, locks and transactions the relay would "
+        "wait for, the broker, topics, transactions). It "
         "changes nothing (with exactly once it asks the broker for init_transactions without "
         "fencing a running leader).",
         "CDC_RELAY_DATABASE_URL and CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS.",

@@ -41,6 +41,7 @@ from cdc_relay.prerequisites import CheckResult, Prerequisites, Unmet, outcome
 from cdc_relay.publisher import admin_config, error_name
 from cdc_relay.replication.source import Connection, connect, scalar
 from cdc_relay.transactional_id import transactional_id
+from cdc_relay.waits import MAX_WRITE_WAIT, lock_timeout_statement
 
 Output = Callable[[str], None]
 
@@ -74,6 +75,8 @@ def run_checks(settings: Settings, emit: Callable[[CheckResult], None]) -> list[
 
     def connection() -> str:
         connected.append(connect(url))
+        # No check waits for a lock for long: one held is reported (the waits line), not waited on.
+        connected[0].execute(lock_timeout_statement(MAX_WRITE_WAIT))
         user = scalar(connected[0], "SELECT current_user")
         return f"{redact_url(settings.database_url.get_secret_value())} as {user}"
 

@@ -29,6 +29,7 @@ from cdc_relay.recovery.run import RecoveryStopped
 from cdc_relay.replication.source import connect, slot_state
 from cdc_relay.start.adapters import PostgresStart
 from cdc_relay.start.sequence import StartSequence
+from cdc_relay.waits import WaitWatch
 
 BAR_WIDTH = 30
 BAR_INTERVAL = 0.5
@@ -53,7 +54,8 @@ def recover(settings: Settings, wait: float) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     stats = RelayStats()
-    leadership = Leadership(settings)
+    waits = WaitWatch(settings.source_url(), stop.is_set)
+    leadership = Leadership(settings, waits)
     leadership.start()
     bar = _Bar(stats) if sys.stderr.isatty() else None
     try:
@@ -68,7 +70,7 @@ def recover(settings: Settings, wait: float) -> int:
             settings,
             stats,
             leadership,
-            connect=lambda: PostgresStart(settings, leadership, stats, stop.is_set),
+            connect=lambda: PostgresStart(settings, leadership, waits, stats),
             read_back=lambda *_: None,
             stopping=stop.is_set,
             sleep=stop.wait,
@@ -87,6 +89,7 @@ def recover(settings: Settings, wait: float) -> int:
         return exc.exit_code
     finally:
         leadership.release()
+        waits.close()
     _done(bar)
     summary = stats.recovery or {}
     print_line(

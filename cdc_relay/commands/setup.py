@@ -4,6 +4,10 @@ The outbox table (on request), the relay's state table, the ``outbox_emit`` SQL 
 publication and the slot — each from its file in ``sql/`` (see :mod:`cdc_relay.ddl`) — with one
 line per item (``created …`` / ``exists …``). It checks what the relay's start checks first
 (:func:`cdc_relay.prerequisites.require`), and never creates a slot over one the relay has lost.
+
+What it waits for — a lock its DDL needs, the transactions creating the slot waits for — it waits
+for as long as it takes, and names in a log line within a second, again every half minute
+(:mod:`cdc_relay.waits`); Ctrl-C or SIGTERM ends it.
 """
 
 from __future__ import annotations
@@ -11,15 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psycopg
+from psycopg import sql
 
-from cdc_relay.checkpoint import PostgresCheckpointStore, check_missing_slot
+from cdc_relay.checkpoint import LEASE_TABLE, PostgresCheckpointStore, check_missing_slot
 from cdc_relay.commands.output import print_line
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings
 from cdc_relay.ddl import EMIT_SQL, OUTBOX_SQL, emit_function_ddl, emit_privileges_ddl, packaged_sql
 from cdc_relay.errors import PositionMismatch, RelayError, SourceSetupError
 from cdc_relay.exit_codes import ExitCode
 from cdc_relay.lsn import format_lsn
-from cdc_relay.prerequisites import Prerequisites, Unmet, require
+from cdc_relay.prerequisites import Prerequisites, Unmet, require, verified_stamp
+from cdc_relay.publication_filter import FilterMismatch, find_mismatch
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.replication.failover import wants_failover
 from cdc_relay.replication.source import (
@@ -29,6 +35,7 @@ from cdc_relay.replication.source import (
     relation_oid,
     scalar,
 )
+from cdc_relay.waits import PUBLICATION_MEANS, SETUP_MEANS, SLOT_MEANS, WaitWatch
 
 Output = Callable[[str], None]
 
@@ -56,8 +63,12 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
                 "without it",
                 ExitCode.CONFIGURATION,
             )
-        with connect(settings.source_url()) as conn:
-            _Setup(conn, settings, out).run(create_outbox)
+        waits = WaitWatch(settings.source_url())
+        try:
+            with connect(settings.source_url()) as conn:
+                _Setup(conn, settings, out, waits).run(create_outbox)
+        finally:
+            waits.close()
     except _SetupFailed as exc:
         out(f"FAIL {exc.line}")
         return exc.exit_code
@@ -68,11 +79,14 @@ def setup(settings: Settings, create_outbox: bool = False, out: Output = print_l
 
 
 class _Setup:
-    def __init__(self, conn: Connection, settings: Settings, out: Output) -> None:
+    def __init__(self, conn: Connection, settings: Settings, out: Output, waits: WaitWatch) -> None:
         self.conn = conn
         self.settings = settings
         self.out = out
-        self.store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+        self.watched = waits.for_connection(conn)
+        self.store = PostgresCheckpointStore(
+            conn, settings.state_schema, settings.slot_name, watched=self.watched
+        )
         self.source = SourceDatabase(
             conn,
             settings.tables(),
@@ -89,7 +103,8 @@ class _Setup:
         if create_outbox:
             exists = relation_oid(conn, OutboxTable(table=DEFAULT_OUTBOX_TABLE)) is not None
             if not exists:
-                conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
+                with self.watched(f"creating table {DEFAULT_OUTBOX_TABLE}", SETUP_MEANS):
+                    conn.execute(packaged_sql(OUTBOX_SQL).encode())  # our own trusted DDL
             self.report(not exists, f"table {DEFAULT_OUTBOX_TABLE}")
 
         try:
@@ -105,8 +120,12 @@ class _Setup:
         except SourceSetupError as exc:
             raise _SetupFailed(f"prerequisites: {exc}", exc.exit_code) from None
         try:
-            created = self.source.ensure_publication()
-            changed = self.source.ensure_row_filters()
+            with self.watched("creating the publication", PUBLICATION_MEANS):
+                created = self.source.ensure_publication()
+                mismatch = find_mismatch(conn, settings.publication_name, settings.tables())
+                if mismatch is not None:
+                    self.refuse_beside_a_relay(mismatch)
+                changed = self.source.ensure_row_filters()
             if changed is not None:
                 self.store.restart_sweep_boundary()
                 self.out(f"changed publication {settings.publication_name}: {changed.describe()}")
@@ -117,6 +136,39 @@ class _Setup:
         tables = ", ".join(t.table for t in settings.tables())
         self.report(created, f"publication {settings.publication_name} ({tables}; inserts)")
         self.slot()
+
+    def refuse_beside_a_relay(self, mismatch: FilterMismatch) -> None:
+        """Setup would change the publication's row filters while a relay streams the slot (a
+        walsender holds it, or a leader's lease is live): what it streams would change under it
+        — it would stop, naming the change. Refused: the relays' settings own the filters."""
+        slot = self.settings.slot_name
+        state = self.source.slot()
+        holder = state.active_pid if state is not None else None
+        try:
+            lease = self.conn.execute(
+                sql.SQL("SELECT holder FROM {} WHERE slot_name = %s AND expires_at > now()").format(
+                    sql.Identifier(self.settings.state_schema, LEASE_TABLE)
+                ),
+                (slot,),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            lease = None
+        if holder is None and lease is None:
+            return
+        who = (
+            f"walsender pid {holder}"
+            if holder is not None
+            else f"leader {lease[0] if lease else ''}"
+        )
+        raise _SetupFailed(
+            f"publication {mismatch.publication}: a relay streams slot {slot} now ({who}), and "
+            f"setup would change the row filters it streams with ({mismatch.describe()}): it "
+            "would stop, and the rows the new filter leaves out until then would never reach "
+            "it. Stop the relays of the slot first and give them the same row filter (a relay "
+            "sets the publication's filters as its settings say when it starts), or run setup "
+            "with the relays' settings",
+            SourceSetupError.exit_code,
+        )
 
     def messages(self) -> None:
         """With messages on, ``sql/004_outbox_emit.sql``: ``outbox_emit`` (re)made the writers'
@@ -133,7 +185,7 @@ class _Setup:
         except Unmet:
             revoked = True  # PUBLIC may emit now: this run revokes it
         try:
-            with conn.transaction():
+            with self.watched(f"creating {EMIT_SIGNATURE}", SETUP_MEANS), conn.transaction():
                 conn.execute(emit_function_ddl(settings.message_prefix, conn))
                 conn.execute(emit_privileges_ddl())  # our own trusted DDL
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -160,12 +212,21 @@ class _Setup:
             except PositionMismatch as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             try:
-                slot = self.source.create_slot(wants_failover(self.conn, settings))
+                failover = wants_failover(self.conn, settings)
+                with self.watched(f"creating replication slot {name}", SLOT_MEANS):
+                    slot = self.source.create_slot(failover)
             except SourceSetupError as exc:
                 raise _SetupFailed(f"replication slot {name}: {exc}", exc.exit_code) from None
             start = slot.confirmed_flush or 0
-            # As the relay does after creating its slot: from now on a lost slot is detected.
+            # As the relay does after creating its slot: from now on a lost slot is detected,
+            # and a publication changed before the relay first starts is too.
             self.store.save(start, new_slot=True)
+            try:
+                self.store.verify(verified_stamp(self.conn, settings))
+            except RelayError as exc:
+                raise _SetupFailed(
+                    f"publication {settings.publication_name}: {exc}", exc.exit_code
+                ) from None
             self.store.record_row_filters(recorded_form(settings.tables()), changed=False)
             self.report(True, f"replication slot {name} ({slot.plugin}) at {format_lsn(start)}")
             return

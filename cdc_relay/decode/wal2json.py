@@ -190,7 +190,10 @@ _U32: Final = 1 << 32
 # Numbers as their exact JSON text: the C scanner passes the matched text to parse_float and
 # parse_int. Only used for rows that contain float/numeric values, never for outbox rows.
 _EXACT_JSON: Final = json.JSONDecoder(parse_float=str, parse_int=str)
-_HEX: Final = re.compile(r"[0-9a-fA-F]*")
+# An integer wider than any integer column (int8's 20 characters) is a numeric: kept as its text,
+# as int() refuses more than sys.get_int_max_str_digits() digits (4,300) and numeric has 131,072.
+_INT_CHARACTERS: Final = 20
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 _loads: Final = orjson.loads
 _JSONDecodeError: Final = orjson.JSONDecodeError
@@ -300,7 +303,7 @@ class Wal2JsonDecoder:
                 offset=0,
                 message_type=name,
             ) from None
-        except (_Malformed, TypeError, ValueError, AttributeError) as exc:
+        except (_Malformed, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise DecodeError(f"{name} message: {exc}", offset=0, message_type=name) from None
 
     # -- transactions --------------------------------------------------------------------
@@ -550,7 +553,9 @@ def _fix_bytea(values: list[Value], positions: tuple[int, ...]) -> None:
     for i in positions:
         value = values[i]
         if isinstance(value, bytes):
-            if len(value) % 2 or not _HEX.fullmatch(value.decode("ascii", "replace")):
+            # Deleting the hex digits leaves nothing of a hex text: checked without a copy of
+            # the value (it may be hundreds of megabytes).
+            if len(value) % 2 or value.translate(None, _HEX_DIGITS):
                 raise _Malformed(
                     "bytea value is not hex: wal2json strips the first two characters of "
                     "bytea's text, which only loses nothing with bytea_output = 'hex'"
@@ -640,9 +645,10 @@ def _option_hint(field: object) -> str:
 def _loads_lossy(data: bytes | memoryview, error: orjson.JSONDecodeError) -> Any:
     """Parse a message that orjson refused, with the standard library's parser. Two kinds of
     valid message land here: a number beyond a double's range (a ``numeric`` column holding
-    ``1e400``, which wal2json prints as 401 digits; the values are then re-read exactly as text),
+    ``1e400``, which wal2json prints as 401 digits, or up to numeric's 131,072 + 16,383 digits),
     and invalid UTF-8 (wal2json copies a logical message's content, and in a non-UTF-8 database
-    every text, unchecked): read with the invalid bytes as surrogates, restored exactly later."""
+    every text, unchecked): read with the invalid bytes as surrogates, restored exactly later.
+    Numbers other than small integers are read as their exact text (:data:`_LOSSY_JSON`)."""
     raw = bytes(data)
     try:
         text = raw.decode("utf-8")
@@ -650,7 +656,7 @@ def _loads_lossy(data: bytes | memoryview, error: orjson.JSONDecodeError) -> Any
         text = None
     if text is not None:
         try:
-            return json.loads(text)
+            return _LOSSY_JSON.decode(text)
         except json.JSONDecodeError:
             detail = error.args[0] if error.args else str(error)
             raise DecodeError(
@@ -658,8 +664,10 @@ def _loads_lossy(data: bytes | memoryview, error: orjson.JSONDecodeError) -> Any
                 offset=error.pos,
                 message_type=None,
             ) from None
+        except RecursionError:
+            raise _too_deep(raw) from None
     try:
-        return json.loads(raw.decode("utf-8", "surrogateescape"))
+        return _LOSSY_JSON.decode(raw.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as exc:
         raise DecodeError(
             f"wal2json message is not valid JSON: {exc.msg} at character {exc.pos} "
@@ -667,6 +675,26 @@ def _loads_lossy(data: bytes | memoryview, error: orjson.JSONDecodeError) -> Any
             offset=exc.pos,
             message_type=None,
         ) from None
+    except RecursionError:
+        raise _too_deep(raw) from None
+
+
+def _int_or_text(text: str) -> int | str:
+    return int(text) if len(text) <= _INT_CHARACTERS else text
+
+
+# The lossy path's parser: integers that fit an integer column as ints (an xid must be one), every
+# other number as its text, which is what a column value needs (the decoder encodes texts as they
+# are) and never meets a conversion limit.
+_LOSSY_JSON: Final = json.JSONDecoder(parse_float=str, parse_int=_int_or_text)
+
+
+def _too_deep(raw: bytes) -> DecodeError:
+    return DecodeError(
+        f"wal2json message is nested too deeply to parse (message is {len(raw)} bytes)",
+        offset=0,
+        message_type=None,
+    )
 
 
 _Handler: TypeAlias = Callable[

@@ -34,7 +34,7 @@ from psycopg.conninfo import make_conninfo
 from cdc_relay.local.lifetime import ThrowAway, Watchdog, stat_fields
 from cdc_relay.local.postgres_binaries import find_bindir, service_user, usable_bindir
 
-__all__ = ["ExternalPostgres", "LocalPostgres", "drop_database"]
+__all__ = ["MAX_TRANSACTION_ID_STEP", "ExternalPostgres", "LocalPostgres", "drop_database"]
 
 _SUPERUSER = "postgres"  # the cluster's superuser role (initdb -U)
 _START_TIMEOUT = 30.0
@@ -52,6 +52,12 @@ _DEFAULT_SETTINGS: dict[str, str] = {
     "max_connections": "100",
     "shared_buffers": "128MB",
 }
+
+# One pg_xact segment: 32 pages of 8 KiB, two status bits per transaction.
+_XACTS_PER_CLOG_SEGMENT = 32 * 8192 * 4
+# How far advance_transaction_ids may move at once: below PostgreSQL's stop limit (2^31 - 3M past
+# the oldest unfrozen id), with room for the transactions of the freezing itself.
+MAX_TRANSACTION_ID_STEP = (1 << 31) - 10_000_000
 
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
@@ -434,6 +440,53 @@ class LocalPostgres(ThrowAway):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"standby on port {self.port} still in recovery after promote")
             time.sleep(0.05)
+
+    # ---------------------------------------------------------------- transaction ids
+
+    def next_transaction_id(self) -> int:
+        """The 64-bit id the next transaction will get (``pg_snapshot_xmax`` of a snapshot)."""
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        return int(str(row[0]))
+
+    def advance_transaction_ids(self, full_xid: int) -> None:
+        """Move the next 64-bit transaction id forward to ``full_xid``, as if that many
+        transactions had run: for tests of what happens after billions of them.
+
+        Every database is first frozen (``VACUUM FREEZE``, as autovacuum would have done over those
+        transactions: a tuple keeps its raw 32-bit ``xmin``, marked frozen), then the stopped
+        cluster's next id is set with ``pg_resetwal -x`` (and ``-e`` for the epoch, the upper 32
+        bits), with the commit-log segment that id needs, and the server started again.
+        ``pg_resetwal`` also starts a new WAL: replication slots cannot stream across the jump.
+        PostgreSQL refuses ids more than 2^31 - 3M past the oldest unfrozen one, so a step is at
+        most :data:`MAX_TRANSACTION_ID_STEP`; larger moves take several calls.
+        """
+        current = self.next_transaction_id()
+        if not 0 < full_xid - current <= MAX_TRANSACTION_ID_STEP:
+            raise ValueError(
+                f"can move transaction ids forward by 1..{MAX_TRANSACTION_ID_STEP} at once, "
+                f"not from {current} to {full_xid}"
+            )
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS true")
+            names = [str(r[0]) for r in conn.execute("SELECT datname FROM pg_database").fetchall()]
+        for name in names:
+            with psycopg.connect(self.url(name), autocommit=True) as conn:
+                conn.execute("VACUUM FREEZE")
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute("ALTER DATABASE template0 WITH ALLOW_CONNECTIONS false")
+        self.stop()
+        epoch, xid = divmod(full_xid, 1 << 32)
+        pg_xact = self.data_dir / "pg_xact"
+        width = max((len(p.name) for p in pg_xact.iterdir()), default=4)
+        segment = pg_xact / f"{xid // _XACTS_PER_CLOG_SEGMENT:0{width}X}"
+        self._run(
+            [str(self._bin("pg_resetwal")), "-x", str(xid), "-e", str(epoch), str(self.data_dir)]
+        )
+        if not segment.exists():
+            self._run(["dd", "if=/dev/zero", f"of={segment}", "bs=8192", "count=32"])
+        self.start()
 
     def restart(self, mode: str = "fast") -> None:
         """Stop (``mode``) and start again on the same port, with the same settings."""

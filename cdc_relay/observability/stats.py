@@ -97,6 +97,9 @@ class RelayStats:
     # the process was launched (cdc_relay.observability.launch). None until it is sent.
     start_replication_monotonic: float | None = None
     start_replication_after_launch_s: float | None = None
+    # What the last start named as possibly never streamed (cdc_relay.publication_stamp): the
+    # change, the transactions and the query that finds their rows. None: nothing named.
+    rows_in_doubt: dict[str, object] | None = None
     # A recovery of a lost slot, as it goes (cdc_relay.recovery.plan.Plan.summary); None: none
     recovery: dict[str, object] | None = None
 
@@ -146,5 +149,6 @@ class RelayStats:
             "swept_rows": self.sweeper.deleted_total if self.sweeper else None,
             "rows_waiting_to_be_swept": self.sweeper.rows_waiting if self.sweeper else None,
             "last_sweep_at": self.sweeper.last_sweep_at if self.sweeper else None,
+            "rows_in_doubt": self.rows_in_doubt,
             "recovery": self.recovery,
         }

@@ -3,8 +3,9 @@
 The checks are grouped by what they check, one module each: the server and the role
 (:mod:`.server`), the outbox tables (:mod:`.tables`), the publication (:mod:`.publication`), the
 slot (:mod:`.slot`), the state tables and leadership (:mod:`.state`), table-less messages
-(:mod:`.messages`). Each returns what it found (an ``ok`` line's detail) or raises :class:`Unmet`
-with what to do about it. :class:`Prerequisites` holds them all on one connection:
+(:mod:`.messages`), locks and transactions the relay would wait for (:mod:`.waits`). Each
+returns what it found (an ``ok`` line's detail) or raises :class:`Unmet` with what to do about it.
+:class:`Prerequisites` holds them all on one connection:
 
 * the relay's start (and ``setup``) calls :func:`require`: the prerequisites it cannot stream
   without (server, role, tables, an existing publication's coverage), in order, stopping at the
@@ -27,7 +28,7 @@ from functools import partial
 import psycopg
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import RelayError
+from cdc_relay.errors import RelayError, SourceUnavailable
 from cdc_relay.postgres_errors import message
 from cdc_relay.prerequisites.messages import MessageChecks
 from cdc_relay.prerequisites.probe import Probe, Unmet
@@ -36,6 +37,9 @@ from cdc_relay.prerequisites.server import ServerChecks
 from cdc_relay.prerequisites.slot import SlotChecks
 from cdc_relay.prerequisites.state import StateChecks
 from cdc_relay.prerequisites.tables import TableChecks
+from cdc_relay.prerequisites.waits import WaitChecks
+from cdc_relay.publication_filter import find_mismatch
+from cdc_relay.publication_stamp import PublicationStamp, StampQuery, read_stamp
 from cdc_relay.replication.source import Connection, SlotState
 
 __all__ = [
@@ -45,6 +49,7 @@ __all__ = [
     "outcome",
     "require",
     "require_usable_slot",
+    "verified_stamp",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,7 @@ class Prerequisites:
         self.slot = SlotChecks(probe)
         self.state = StateChecks(probe)
         self.messages = MessageChecks(probe)
+        self.waits = WaitChecks(probe)
 
     def report(self) -> list[tuple[str, Check]]:
         """What ``check`` runs, named, in the order it prints them."""
@@ -107,6 +113,7 @@ class Prerequisites:
             ("slot", slot.slot),
             ("messages", self.messages.messages),
             ("leadership", state.leadership),
+            ("waits", self.waits.waits),
             ("failover", slot.failover),
             ("wal2json", slot.wal2json),
         ]
@@ -126,16 +133,46 @@ def require(conn: Connection, settings: Settings) -> None:
     steps.append(("publication", checks.publication.publication_covers))
     if settings.messages:
         steps.append(("messages", checks.messages.messages))
-    for name, probe in steps:
-        try:
-            probe()
-        except Unmet as exc:
-            raise exc.error(f"{name}: {exc.fix}") from None
+    _require_steps(steps)
     if not settings.messages and checks.messages.emit_functions():
         log.warning(
             "table-less messages are off, yet outbox_emit exists: what it writes is not relayed",
             extra={"fields": {"fix": "set CDC_RELAY_MESSAGES=true if writers use it"}},
         )
+
+
+def verified_stamp(conn: Connection, settings: Settings) -> PublicationStamp:
+    """The publication's stamp (:mod:`cdc_relay.publication_stamp`), read, then verified: each
+    outbox table is a table, the publication exists and covers every outbox table's inserts and
+    columns, with the row filters the settings say — what the stamp's later checks then prove
+    unchanged. SourceSetupError at the first unmet one; SourceUnavailable (start again) when the
+    filters differ from those the start has just set."""
+    query = StampQuery.of(
+        settings.plugin, settings.publication_name, settings.tables(), conn.info.server_version
+    )
+    stamp = read_stamp(conn, query)
+    checks = Prerequisites(conn, settings)
+    steps: list[tuple[str, Callable[[], object]]] = [
+        (f"table {t.table}", partial(checks.outbox.table_kind, t)) for t in checks.tables
+    ]
+    steps.append(("publication", checks.publication.publication_streams))
+    _require_steps(steps)
+    mismatch = find_mismatch(conn, settings.publication_name, checks.tables)
+    if mismatch is not None:
+        raise SourceUnavailable(
+            f"publication {mismatch.publication}'s row filters changed while the relay started "
+            f"({mismatch.describe()}): starting again"
+        )
+    return stamp
+
+
+def _require_steps(steps: list[tuple[str, Callable[[], object]]]) -> None:
+    """Run named checks in order; the first unmet one raises its error, named."""
+    for name, probe in steps:
+        try:
+            probe()
+        except Unmet as exc:
+            raise exc.error(f"{name}: {exc.fix}") from None
 
 
 def require_usable_slot(conn: Connection, settings: Settings, slot: SlotState) -> None:

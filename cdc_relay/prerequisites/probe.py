@@ -11,6 +11,16 @@ from cdc_relay.config import Settings
 from cdc_relay.errors import RelayError, SourceSetupError
 from cdc_relay.replication.source import Connection, SlotState, slot_state
 
+# Amazon RDS and Aurora grant the right to stream by membership in their role rds_replication
+# and leave rolreplication false, the master user's included. The membership counts only on such a
+# server (its parameter rds.logical_replication exists), not on one where anybody with CREATEROLE
+# could make a role of that name.
+RDS_REPLICATION = (
+    "CASE WHEN current_setting('rds.logical_replication', true) IS NOT NULL "
+    "AND to_regrole('rds_replication') IS NOT NULL "
+    "THEN pg_has_role(current_user, to_regrole('rds_replication'), 'MEMBER') ELSE false END"
+)
+
 
 class Unmet(Exception):
     """A prerequisite that does not hold. ``fix`` says what to do; ``error`` is what the relay
@@ -33,7 +43,8 @@ class Probe:
         row = conn.execute(
             "SELECT current_user, current_setting('server_version_num'), "
             "current_setting('server_version'), current_setting('wal_level'), "
-            "r.rolsuper, r.rolreplication FROM pg_roles r WHERE r.rolname = current_user"
+            "r.rolsuper, r.rolreplication, " + RDS_REPLICATION + " "
+            "FROM pg_roles r WHERE r.rolname = current_user"
         ).fetchone()
         if row is None:  # no pg_roles row for the session's role: it was just dropped
             raise SourceSetupError("the connection's role does not exist (any more)")
@@ -42,6 +53,7 @@ class Probe:
         self.version = str(row[2]).split()[0]
         self.wal_level = str(row[3])
         self.superuser, self.replication = bool(row[4]), bool(row[5])
+        self.rds_replication = bool(row[6])
 
 
 class Checks:

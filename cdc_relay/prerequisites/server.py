@@ -61,14 +61,19 @@ class ServerChecks(Checks):
         return f"{used} of {limit} in use"
 
     def replication_role(self) -> str:
-        """The role may stream the WAL (REPLICATION, or a superuser)."""
-        superuser, replication = self.probe.superuser, self.probe.replication
-        if not (superuser or replication):
-            raise Unmet(
-                f"role {self.user} may not stream the WAL: run ALTER ROLE {self.user} WITH "
-                "REPLICATION"
-            )
-        return "superuser" if superuser else "REPLICATION"
+        """The role may stream the WAL (REPLICATION, a superuser, or on Amazon RDS and Aurora a
+        member of rds_replication)."""
+        probe = self.probe
+        if probe.superuser:
+            return "superuser"
+        if probe.replication:
+            return "REPLICATION"
+        if probe.rds_replication:
+            return "rds_replication"
+        raise Unmet(
+            f"role {self.user} may not stream the WAL: run ALTER ROLE {self.user} WITH "
+            f"REPLICATION (on Amazon RDS and Aurora: GRANT rds_replication TO {self.user})"
+        )
 
     def privileges(self) -> str:
         """What the relay's role needs: streaming, and the sweeper's grants on the outbox."""

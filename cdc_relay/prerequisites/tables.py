@@ -1,20 +1,28 @@
 """Checks of the outbox tables: the mapped columns and their types, the row filter's and sweep
-condition's columns and collations, the key the sweeper deletes by."""
+condition's columns and collations, the key the sweeper deletes by, and the output plugin's
+reading of a partitioned one."""
 
 from __future__ import annotations
 
-from cdc_relay.config import OutboxTable, sql_name
+from cdc_relay.config import OutboxTable, Plugin, sql_name
 from cdc_relay.ddl import OUTBOX_SQL
 from cdc_relay.errors import ConfigError
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.publication_filter import row_filters_supported
-from cdc_relay.replication.source import missing_columns, missing_table_hint, relation_oid
+from cdc_relay.replication.source import (
+    missing_columns,
+    missing_table_hint,
+    relation_oid,
+    scalar,
+)
 from cdc_relay.row_key import resolve_row_key
 
 ID_TYPES = frozenset({"uuid", "text", "character varying"})
 PAYLOAD_TYPES = frozenset({"jsonb", "json", "text", "character varying", "bytea"})
 CONDITION_TYPES = frozenset({"text", "character varying"})
 TIME_TYPES = frozenset({"timestamp with time zone", "timestamp without time zone", "date"})
+TABLE_KINDS = frozenset({"r", "p"})  # pg_class.relkind of a table, of a partitioned table
+RELATION_KINDS = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}
 # PostgreSQL's first OID of objects created after initdb: a collation at or above it is
 # user-defined, which a publication's row filter may not use.
 FIRST_NORMAL_OBJECT_ID = 16384
@@ -28,7 +36,7 @@ class TableChecks(Checks):
         missing = self._missing_columns(table)
         if missing:
             raise Unmet(missing)
-        problems: list[str] = []
+        problems: list[str] = self._plugin_reads(table)
         if table.row_filter or table.sweep_condition:
             problems += self._condition_columns(table, self._column_types(table))
         if self.settings.sweep_interval > 0 and table.columns.row_key:
@@ -41,6 +49,24 @@ class TableChecks(Checks):
         if collations:
             raise Unmet("; ".join(collations), ConfigError)
         return "all mapped columns present"
+
+    def _plugin_reads(self, table: OutboxTable) -> list[str]:
+        """wal2json names each row by the partition it landed in, and is asked for the outbox
+        table's rows only (``add-tables``): it would send none of a partitioned outbox's."""
+        if self.settings.plugin is not Plugin.WAL2JSON:
+            return []
+        kind = scalar(
+            self.conn,
+            "SELECT relkind::text FROM pg_class WHERE oid = %s",
+            relation_oid(self.conn, table),
+        )
+        if kind != "p":
+            return []
+        return [
+            "it is partitioned, and wal2json sends each row as a row of its partition, which the "
+            "relay does not ask it for: a partitioned outbox is relayed with pgoutput (its "
+            "publication publishes the rows as the outbox's): set CDC_RELAY_PLUGIN=pgoutput"
+        ]
 
     def _column_types(self, table: OutboxTable) -> dict[str, str]:
         rows = self.conn.execute(
@@ -119,14 +145,32 @@ class TableChecks(Checks):
                     )
         return problems
 
-    def _missing_columns(self, table: OutboxTable) -> str | None:
-        missing = missing_columns(self.conn, table)
-        if missing is None:
+    def table_kind(self, table: OutboxTable) -> str:
+        """The name is a table's (a view keeping a renamed outbox's name streams nothing)."""
+        oid = relation_oid(self.conn, table)
+        kind = None
+        if oid is not None:
+            kind = scalar(self.conn, "SELECT relkind::text FROM pg_class WHERE oid = %s", oid)
+        if kind is None:
             raise Unmet(
                 f"does not exist{missing_table_hint(self.conn, table)}: create it "
                 f"(sql/{OUTBOX_SQL}, or python -m cdc_relay setup --create-outbox), or point "
                 "CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES at your table"
             )
+        if kind not in TABLE_KINDS:
+            what = RELATION_KINDS.get(str(kind), f"a relation of kind {kind}")
+            raise Unmet(
+                f"is {what}, not a table: the relay streams a table's inserts. If it keeps the "
+                "name of a renamed outbox, point CDC_RELAY_OUTBOX_TABLE / CDC_RELAY_OUTBOX_TABLES "
+                "at the table itself (docs/operations/dba-changes.md)"
+            )
+        return "a table"
+
+    def _missing_columns(self, table: OutboxTable) -> str | None:
+        self.table_kind(table)
+        missing = missing_columns(self.conn, table)
+        if missing is None:
+            raise Unmet(f"does not exist{missing_table_hint(self.conn, table)}")
         if not missing:
             return None
         return (
@@ -140,6 +184,7 @@ class TableChecks(Checks):
         types = self._column_types(table)
         columns = table.columns
         problems = [missing] if missing else []
+        problems += self._plugin_reads(table)
         for column, allowed in ((columns.id, ID_TYPES), (columns.payload, PAYLOAD_TYPES)):
             kind = types.get(column)
             if kind is not None and kind not in allowed:

@@ -25,7 +25,7 @@ from types import MethodType
 from typing import Protocol
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import LeadershipLost, RelayError, SinkUnavailable
+from cdc_relay.errors import LeadershipLost, RelayError, SinkUnavailable, StopSession
 from cdc_relay.kafka_transaction import KafkaTransaction, Resend, transactional
 from cdc_relay.logs import cut
 from cdc_relay.observability.stats import RelayStats
@@ -72,6 +72,7 @@ class RecoveryPublisher:
         progress: Callable[[int, Offsets], None],
         fail: Callable[[RelayError], None],
         require_leading: Callable[[], None],
+        stopping: Callable[[], bool],
     ) -> None:
         self.settings = settings
         self.stats = stats
@@ -84,6 +85,7 @@ class RecoveryPublisher:
         self._note = note
         self._progress = progress
         self._require_leading = require_leading
+        self._stopping = stopping
         self._progressed_at = time.monotonic()
         self._recorded = done
         self.window: KafkaTransaction | None = transactional(
@@ -95,6 +97,7 @@ class RecoveryPublisher:
             self.tracker,
             ensure_topic=lambda topic: self.ensure_topic(topic, event=False),
             fail=fail,
+            wait_for_room=self.wait_for_room,
         )
         self.known_topics: set[str] = set()
         self.mappings: dict[int, OutboxMapping] = {}
@@ -150,8 +153,7 @@ class RecoveryPublisher:
             try:
                 self.sink.produce(topic, value, key, headers, on_delivery)
             except BufferError:
-                self.sink.poll(DRAIN_POLL)
-                self.serve()
+                self.wait_for_room()
                 continue
             except ProduceRefused as refused:
                 if not refused.permanent:
@@ -257,6 +259,13 @@ class RecoveryPublisher:
             self._progress(confirmed, dict(self.watermark.offsets))
             self._recorded = confirmed
             self._progressed_at = now
+
+    def wait_for_room(self) -> None:
+        """The producer's queue is full: serve it until it drains (a stop ends the wait)."""
+        self.sink.poll(DRAIN_POLL)
+        self.serve()
+        if self._stopping():
+            raise StopSession
 
     def handle_failures(self) -> None:
         if self.window is not None:

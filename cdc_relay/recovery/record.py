@@ -22,6 +22,7 @@ from cdc_relay.postgres_errors import During, mapped
 from cdc_relay.reconcile import Offsets, encode_offsets
 from cdc_relay.recovery.horizon import Horizon, horizon_from_json
 from cdc_relay.recovery.plan import Plan
+from cdc_relay.waits import POSITION_MEANS, Watched, unwatched
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -42,8 +43,16 @@ def horizon_after(plan: Plan, earlier: dict[tuple[str, int], int]) -> Horizon:
 class RecoveryRecord:
     """The ``recovery`` column of one slot's position record, on an autocommit connection."""
 
-    def __init__(self, conn: Connection, schema: str, slot: str, holder: str | None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        schema: str,
+        slot: str,
+        holder: str | None,
+        watched: Watched = unwatched,
+    ) -> None:
         self._conn = conn
+        self._watched = watched
         self._table = sql.Identifier(schema, STATE_TABLE)
         self._lease = sql.Identifier(schema, LEASE_TABLE)
         self._slot = slot
@@ -92,7 +101,10 @@ class RecoveryRecord:
         query = sql.SQL("UPDATE {} SET {} WHERE slot_name = %s {}").format(
             self._table, changes, lease
         )
-        with mapped(During.STATEMENT, f"cannot record {what}"):
+        with (
+            mapped(During.STATEMENT, f"cannot record {what}"),
+            self._watched(f"recording {what}", POSITION_MEANS),
+        ):
             cursor = self._conn.execute(query, (*params, self._slot, *leased))
         if cursor.rowcount != 1:
             if self._holder is not None:

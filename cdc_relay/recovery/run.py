@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +49,13 @@ from cdc_relay.recovery.rows import (
 )
 from cdc_relay.replication.exported_slot import SlotWithSnapshot
 from cdc_relay.replication.source import connect, drop_slot, slot_state
+from cdc_relay.waits import SLOT_MEANS, START_MEANS, WaitWatch, Watched, unwatched
 
 log = logging.getLogger(__name__)
 
 READ_BACK_TIMEOUT = 600.0  # seconds the read-back may take; then rows in doubt are sent again
 LOG_INTERVAL = 10.0  # seconds between progress lines
+RECOVERY_MEANS = "the recovery reads the outbox table: nothing is published until it can"
 
 Connection = psycopg.Connection[Any]
 
@@ -94,14 +97,20 @@ class Recovery:
         stopping: Callable[[], bool],
         require_leading: Callable[[], None],
         on_progress: Callable[[Plan], None] = lambda plan: None,
+        waits: WaitWatch | None = None,
+        watched: Watched = unwatched,
     ) -> None:
         self.settings = settings
         self.conn = conn
+        self.waits = waits
+        self.watched = watched
         self.stats = stats
         self.stopping = stopping
         self.require_leading = require_leading
         self.on_progress = on_progress
-        self.record = RecoveryRecord(conn, settings.state_schema, settings.slot_name, holder)
+        self.record = RecoveryRecord(
+            conn, settings.state_schema, settings.slot_name, holder, watched
+        )
         self._failure: RelayError | None = None
         self._logged_at = time.monotonic()
 
@@ -134,6 +143,8 @@ class Recovery:
                 self.settings.slot_name,
                 self.settings.plugin.value,
                 failover,
+                stopping=self.stopping,
+                watching=self._watching_creation,
             ) as created:
                 reader = self._reader(created.snapshot_name)
             plan = plan.progressed(state=State.PUBLISHING, slot_lsn=created.consistent_point)
@@ -167,6 +178,12 @@ class Recovery:
             horizon=horizon,
         )
 
+    def _watching_creation(self, conn: Connection) -> AbstractContextManager[None]:
+        if self.waits is None:
+            return nullcontext()
+        what = f"creating replication slot {self.settings.slot_name} with a snapshot"
+        return self.waits.watching(conn, what, SLOT_MEANS)
+
     def _drop_slot(self) -> None:
         slot = slot_state(self.conn, self.settings.slot_name)
         if slot is None:
@@ -175,7 +192,8 @@ class Recovery:
             "dropping the replication slot to create it again",
             extra={"fields": {"slot": slot.name, "wal_status": slot.wal_status}},
         )
-        drop_slot(self.conn, slot.name)
+        with self.watched("dropping the lost replication slot", START_MEANS):
+            drop_slot(self.conn, slot.name)
 
     def _reader(self, snapshot_name: str | None) -> Connection:
         """A connection in a ``REPEATABLE READ`` transaction: in the exported snapshot, if named."""
@@ -199,7 +217,10 @@ class Recovery:
         return reader
 
     def _publish(self, reader: Connection, plan: Plan) -> Plan:
-        with mapped(During.STATEMENT, "cannot read the outbox"):
+        with (
+            mapped(During.STATEMENT, "cannot read the outbox"),
+            self.reading(reader, "counting the outbox rows owed"),
+        ):
             if plan.snapshot is None:  # in the exported snapshot: note it, and what is owed
                 row = reader.execute("SELECT pg_current_snapshot()::text").fetchone()
                 snapshot = Snapshot.parse(str(row[0]) if row else None)
@@ -229,6 +250,13 @@ class Recovery:
         from cdc_relay.recovery.sending import send  # noqa: PLC0415 - Kafka's client: late
 
         return send(self, reader, Owed(plan, sources, scope))
+
+    def reading(self, reader: Connection, what: str) -> AbstractContextManager[None]:
+        """The reading connection's statements, named while they wait (a lock on the outbox
+        table: an ALTER TABLE waiting behind the recovery's own share lock is not one)."""
+        if self.waits is None:
+            return nullcontext()
+        return self.waits.watching(reader, what, RECOVERY_MEANS)
 
     def _scope(self, plan: Plan, *, in_snapshot: bool) -> Scope:
         horizon = plan.horizon

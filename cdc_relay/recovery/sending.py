@@ -55,7 +55,10 @@ class _Sending:
         assert publisher is not None
         done = self.plan.done
         earlier, own = found.earlier, found.own
-        with mapped(During.STATEMENT, "cannot read the outbox"):
+        with (
+            mapped(During.STATEMENT, "cannot read the outbox"),
+            recovery.reading(reader, "reading the outbox rows owed"),
+        ):
             for row in merged(reader, owed.sources, owed.scope):
                 if recovery.stopping() or recovery.failure is not None:
                     raise RecoveryStopped("a stop was requested during the recovery")
@@ -117,6 +120,7 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
             progress=sending.progress,
             fail=recovery.fail,
             require_leading=recovery.require_leading,
+            stopping=recovery.stopping,
         )
         sending.publisher = publisher
         try:

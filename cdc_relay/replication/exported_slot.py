@@ -10,22 +10,27 @@ connection imports the snapshot (``SET TRANSACTION SNAPSHOT``) and reads in it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 
-from psycopg import pq, sql
+import psycopg
+from psycopg import sql
 
 from cdc_relay.errors import SourceUnavailable
 from cdc_relay.lsn import parse_lsn
-from cdc_relay.replication.stream import (
-    _raise_for_connect,
-    _run,
-    _text,
-    replication_conninfo,
-)
+from cdc_relay.replication.stream import Answering, _run, _text, replication_conninfo
 
 SNAPSHOT_OPTION_VERSION = 150000  # (SNAPSHOT 'export'); 14 spells it EXPORT_SNAPSHOT
 FAILOVER_VERSION = 170000  # (FAILOVER true)
+# Creating the slot waits for the transactions running when it begins, as long as they run: a
+# retry would wait for those running then. A stop ends the wait (and so does the watch).
+CREATE_TIMEOUT = 24 * 3600.0
+
+Connection = psycopg.Connection[tuple[object, ...]]
+# Watches the creation (cdc_relay.waits: named while it waits, cancelled on a stop).
+Watching = Callable[[Connection], AbstractContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -54,23 +59,35 @@ class SlotWithSnapshot:
     """``with SlotWithSnapshot(url, slot, plugin, failover) as created:`` — the slot is created on
     entry; its snapshot can be imported until the block ends (the connection closes)."""
 
-    def __init__(self, database_url: str, slot: str, plugin: str, failover: bool) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        slot: str,
+        plugin: str,
+        failover: bool,
+        *,
+        stopping: Callable[[], bool],
+        watching: Watching | None = None,
+    ) -> None:
         self._conninfo = replication_conninfo(database_url)
         self._slot = slot
         self._plugin = plugin
         self._failover = failover
-        self._conn: pq.abc.PGconn | None = None
+        self._stopping = stopping
+        self._watching = watching
+        self._conn: Connection | None = None
 
     def __enter__(self) -> ExportedSlot:
-        conn = pq.PGconn.connect(self._conninfo.encode())
-        if conn.status != pq.ConnStatus.OK:
-            message = _text(conn.get_error_message())
-            conn.finish()
-            _raise_for_connect(message, self._conninfo)
+        answering = Answering(CREATE_TIMEOUT, self._stopping)
+        conn = answering.connect(self._conninfo)
         self._conn = conn
         try:
-            command = create_command(self._slot, self._plugin, conn.server_version, self._failover)
-            rows = _run(conn, command)
+            command = create_command(
+                self._slot, self._plugin, conn.info.server_version, self._failover
+            )
+            watch = self._watching(conn) if self._watching is not None else nullcontext()
+            with watch:
+                rows = _run(conn.pgconn, command, answering)
         except BaseException:
             self.close()
             raise
@@ -90,4 +107,4 @@ class SlotWithSnapshot:
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.finish()
+            conn.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import select
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import pq, sql
@@ -30,6 +31,15 @@ APPLICATION_NAME = "cdc-relay"
 # to the buffer's size. A cap, not a loop for as long as data waits: that would grow the buffer
 # to whatever the TCP window lets the server send ahead (megabytes).
 INPUT_BUFFER_DOUBLINGS = 5
+# How long a replication command (and the connection before it) may go unanswered: a server that
+# took the connection but does not answer is given up on (the session ends, and is retried). A
+# stop ends the wait at once, whatever this is. The start passes its own, from the lease.
+ANSWER_TIMEOUT = 30.0
+POLL_INTERVAL = 0.2  # the look at a stop request while a command waits
+
+
+def _never() -> bool:
+    return False
 
 
 def replication_conninfo(database_url: str) -> str:
@@ -52,11 +62,16 @@ class ReplicationStream:
         plugin_options: dict[str, str],
         *,
         coalesce: float = 0.0,
+        stopping: Callable[[], bool] = _never,
+        answer_timeout: float = ANSWER_TIMEOUT,
     ) -> None:
         self._conninfo = replication_conninfo(database_url)  # timeouts: Settings.source_url()
+        self._stopping = stopping
+        self._answer_timeout = answer_timeout
         self._slot_name = slot_name
         self._start_lsn = start_lsn
         self._options = plugin_options
+        self._connection: psycopg.Connection[tuple[object, ...]] | None = None  # owns _conn
         self._conn: pq.abc.PGconn | None = None
         self._coalesce = coalesce
         self._fed = False  # the last wait brought data
@@ -71,16 +86,15 @@ class ReplicationStream:
         return int(self._conn.backend_pid)
 
     def open(self) -> None:
-        conn = pq.PGconn.connect(self._conninfo.encode())
-        if conn.status != pq.ConnStatus.OK:
-            message = _text(conn.get_error_message())
-            conn.finish()
-            _raise_for_connect(message, self._conninfo)
+        """Connect and ``START_REPLICATION``; no step waits past the answer timeout or a stop."""
+        answering = Answering(self._answer_timeout, self._stopping)
+        connection = answering.connect(self._conninfo)
+        conn = connection.pgconn
         try:
             # Where this stream reads (one round trip here, rather than a connection of its own).
-            self.timeline = _system(_run(conn, "IDENTIFY_SYSTEM"))
+            self.timeline = _system(_run(conn, "IDENTIFY_SYSTEM", answering))
         except BaseException:
-            conn.finish()
+            connection.close()
             raise
         # A replication command, not SQL: names are quoted identifiers (psycopg's Identifier;
         # wal2json's options have dashes), but the walsender's grammar knows only plain '...'
@@ -93,15 +107,18 @@ class ReplicationStream:
             f"START_REPLICATION SLOT {sql.Identifier(self._slot_name).as_string(None)} LOGICAL "
             f"{format_lsn(self._start_lsn)} ({options})"
         )
-        conn.send_query(command.encode())
-        result = conn.get_result()
+        try:
+            result = answering.result(conn, command, "START_REPLICATION")
+        except BaseException:
+            connection.close()
+            raise
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE)) if result else ""
             message = _text(result.get_error_message()) if result else ""
             message = message or _text(conn.get_error_message())
-            conn.finish()
+            connection.close()
             _raise_for_sqlstate(sqlstate, message, self._slot_name)
-        self._conn = conn
+        self._connection, self._conn = connection, conn
         self._doublings = INPUT_BUFFER_DOUBLINGS  # a new connection's buffer is 16 KiB again
 
     @property
@@ -166,9 +183,9 @@ class ReplicationStream:
             raise SourceUnavailable(f"replication connection lost: {message(exc)}") from None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.finish()
-            self._conn = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = self._conn = None
 
     def _raise_stream_end(self) -> None:
         """The COPY ended (-1) or failed (-2): find out why from the pending result."""
@@ -223,24 +240,85 @@ def _raise_for_sqlstate(sqlstate: str, message: str, slot_name: str) -> None:
     raise SourceUnavailable(f"START_REPLICATION failed: {message or 'connection lost'}")
 
 
+# -- waiting for the server ------------------------------------------------------------------------
+
+
+class Answering:
+    """Waits for a command's answer the way psycopg's generators do — libpq never blocks, the
+    socket is watched here — so that a server that took the connection but does not answer (a
+    stopped walsender, a network cut while the kernel still acknowledges) holds a command for at
+    most ``timeout`` seconds from the start of the exchange, and a stop ends the wait within
+    :data:`POLL_INTERVAL` (SourceUnavailable either way)."""
+
+    def __init__(self, timeout: float, stopping: Callable[[], bool] = _never) -> None:
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
+        self._stopping = stopping
+
+    @staticmethod
+    def connect(conninfo: str) -> psycopg.Connection[tuple[object, ...]]:
+        """A replication connection, made by psycopg: it walks a multi-host URL host by host,
+        each within ``connect_timeout`` (Settings.source_url), waiting in ``select`` — libpq's
+        own blocking connect would hold the interpreter, and so the relay's other threads
+        (leadership, health), for the whole attempt. The protocol then runs on its ``pgconn``."""
+        try:
+            return psycopg.Connection.connect(conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            _raise_for_connect(message(exc), conninfo)
+            raise AssertionError("unreachable") from None
+
+    def result(self, conn: pq.abc.PGconn, command: str, what: str) -> pq.abc.PGresult | None:
+        """Send ``command``; its first result (a COPY's begins the copy), or None."""
+        try:
+            conn.send_query(command.encode())
+        except psycopg.OperationalError as exc:
+            raise SourceUnavailable(f"{what} failed: {message(exc)}") from None
+        return self.next_result(conn, what)
+
+    def next_result(self, conn: pq.abc.PGconn, what: str) -> pq.abc.PGresult | None:
+        """The command's next result once libpq has it (None: the command is done)."""
+        try:
+            while True:
+                conn.consume_input()
+                if not conn.is_busy():
+                    return conn.get_result()
+                self._wait(conn.socket, what)
+        except psycopg.OperationalError as exc:
+            raise SourceUnavailable(f"{what} failed: {message(exc)}") from None
+
+    def _wait(self, fileno: int, what: str) -> None:
+        if self._stopping():
+            raise SourceUnavailable(f"stopped while waiting for the server to answer {what}")
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise SourceUnavailable(
+                f"the server did not answer {what} within {self._timeout:g} s (it accepted the "
+                "connection but does not answer: overloaded, stopped, or cut off)"
+            )
+        select.select([fileno], [], [], min(left, POLL_INTERVAL))
+
+
 # -- one-off replication commands -----------------------------------------------------------------
 
 
-def _command(database_url: str, command: str) -> list[tuple[bytes | None, ...]]:
+def _command(
+    database_url: str, command: str, answer_timeout: float = ANSWER_TIMEOUT
+) -> list[tuple[bytes | None, ...]]:
     """Run one replication command on a connection of its own; its rows, as raw values."""
-    conninfo = replication_conninfo(database_url)
-    conn = pq.PGconn.connect(conninfo.encode())
-    try:
-        if conn.status != pq.ConnStatus.OK:
-            _raise_for_connect(_text(conn.get_error_message()), conninfo)
-        return _run(conn, command)
-    finally:
-        conn.finish()
+    answering = Answering(answer_timeout)
+    with answering.connect(replication_conninfo(database_url)) as connection:
+        return _run(connection.pgconn, command, answering)
 
 
-def _run(conn: pq.abc.PGconn, command: str) -> list[tuple[bytes | None, ...]]:
+def _run(conn: pq.abc.PGconn, command: str, answering: Answering) -> list[tuple[bytes | None, ...]]:
     """One replication command on an open replication connection; its rows, as raw values."""
-    result = conn.exec_(command.encode())
+    name = command.split(maxsplit=1)[0]
+    result = answering.result(conn, command, name)
+    # The rest of a simple query's results, up to its end (ReadyForQuery).
+    while answering.next_result(conn, name) is not None:
+        pass
+    if result is None:
+        raise SourceUnavailable(f"{name} failed: {_text(conn.get_error_message()) or 'no result'}")
     if result.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
         sqlstate = _text(result.error_field(pq.DiagnosticField.SQLSTATE))
         message = _text(result.get_error_message()) or _text(conn.get_error_message())
@@ -259,10 +337,10 @@ def enable_failover(database_url: str, slot_name: str) -> None:
     _command(database_url, f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true)")
 
 
-def timeline(database_url: str) -> tuple[str, int]:
+def timeline(database_url: str, answer_timeout: float = ANSWER_TIMEOUT) -> tuple[str, int]:
     """The server's system identifier and current timeline (``IDENTIFY_SYSTEM``): a promoted
     standby keeps the first and starts a new second."""
-    return _system(_command(database_url, "IDENTIFY_SYSTEM"))
+    return _system(_command(database_url, "IDENTIFY_SYSTEM", answer_timeout))
 
 
 def _system(rows: list[tuple[bytes | None, ...]]) -> tuple[str, int]:
@@ -273,26 +351,31 @@ def _system(rows: list[tuple[bytes | None, ...]]) -> tuple[str, int]:
 
 
 def timeline_start(
-    database_url: str, current: int | None = None, since: int | None = None
+    database_url: str,
+    current: int | None = None,
+    since: int | None = None,
+    answer_timeout: float = ANSWER_TIMEOUT,
 ) -> int | None:
     """Where the server's history left timeline ``since`` (default: the parent of its current
     timeline) — for a promoted standby, the WAL position at which it was promoted; None on
     timeline 1 (a server never promoted). From ``IDENTIFY_SYSTEM`` and the ``TIMELINE_HISTORY``
     file, which a REPLICATION role may read."""
-    timeline_id = timeline(database_url)[1] if current is None else current
+    timeline_id = timeline(database_url, answer_timeout)[1] if current is None else current
     if timeline_id <= 1:
         return None
-    history = _command(database_url, f"TIMELINE_HISTORY {timeline_id}")
+    history = _command(database_url, f"TIMELINE_HISTORY {timeline_id}", answer_timeout)
     content = history[0][1] if history else None
     return switch_point(bytes(content or b""), since)
 
 
-def timeline_history(database_url: str, timeline_id: int) -> bytes:
+def timeline_history(
+    database_url: str, timeline_id: int, answer_timeout: float = ANSWER_TIMEOUT
+) -> bytes:
     """The server's history file of timeline ``timeline_id`` (``TIMELINE_HISTORY``, which a
     REPLICATION role may read); empty for timeline 1, which has none."""
     if timeline_id <= 1:
         return b""
-    rows = _command(database_url, f"TIMELINE_HISTORY {int(timeline_id)}")
+    rows = _command(database_url, f"TIMELINE_HISTORY {int(timeline_id)}", answer_timeout)
     return bytes(rows[0][1] or b"") if rows else b""
 
 

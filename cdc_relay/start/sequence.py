@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import orjson
@@ -23,6 +23,7 @@ from cdc_relay.lsn import format_lsn
 from cdc_relay.observability import launch
 from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publication_filter import FilterMismatch
+from cdc_relay.publication_stamp import Change, PublicationStamp, unrelayed_message
 from cdc_relay.record_origin import problem, refusal
 from cdc_relay.recovery.loss import in_progress, interrupted, slot_loss, what_happened
 from cdc_relay.recovery.loss import refusal as loss_refusal
@@ -48,7 +49,10 @@ class StartStore(Protocol):
 
     def ensure_table(self) -> bool: ...
 
-    def restart_sweep_boundary(self) -> None: ...
+    def restart_sweep_boundary(self) -> int | None: ...
+
+    def verify(self, stamp: PublicationStamp) -> None:
+        """Every later write requires the publication still to be ``stamp`` (and records it)."""
 
     def load_record(self) -> Record: ...
 
@@ -94,6 +98,14 @@ class StartDatabase(Protocol):
     def ensure_publication(self) -> bool: ...
 
     def ensure_row_filters(self) -> FilterMismatch | None: ...
+
+    def publication_stamp(self) -> PublicationStamp:
+        """The publication and outbox tables as they are now, then verified to stream every
+        outbox insert (SourceSetupError naming the fix when they do not)."""
+
+    def unrelayed(self, recorded: object, found: PublicationStamp) -> list[Change]:
+        """What changed since ``recorded`` (the record's stamp) that can have kept rows from the
+        slot (:func:`cdc_relay.publication_stamp.unrelayed_changes`)."""
 
     def store(self) -> StartStore: ...
 
@@ -155,6 +167,7 @@ class Started:
     start: int
     offsets: Offsets | None  # acknowledged offsets recorded with the position
     noted: Offsets | None  # where partitions without one ended before their first write
+    table_oids: Mapping[int, str] = field(default_factory=dict)  # outbox tables by oid
 
 
 @dataclass
@@ -197,6 +210,7 @@ class StartSequence:
         self._checked_at = 0.0
         # This session resumes where the previous one of this leadership left off.
         self.resumes_carried = False
+        self._table_oids: Mapping[int, str] = {}  # the outbox tables as the last start found them
 
     # -- before standing by --------------------------------------------------------------------
 
@@ -259,7 +273,7 @@ class StartSequence:
             stream = database.open_stream(start)
             try:
                 self._note_stream(database, stream)
-                yield Started(database, store, stream, start, offsets, noted)
+                yield Started(database, store, stream, start, offsets, noted, self._table_oids)
             finally:
                 stream.close()
         finally:
@@ -308,9 +322,16 @@ class StartSequence:
                                   "was": changed.describe()}},
             )  # fmt: skip
             store.restart_sweep_boundary()
+        stamp = database.publication_stamp()  # exit 3 naming the fix when it cannot stream
         record = store.load_record()
+        unrelayed = database.unrelayed(record.publication_stamp, stamp)
+        store.verify(stamp)  # every write from here on proves it unchanged
+        self._table_oids = stamp.table_oids()
+        if unrelayed:
+            self._name_unrelayed(unrelayed, record, store.restart_sweep_boundary())
         recorded, reset = self._trusted_position(database, record)
-        carried = self._carried_position(database)
+        # Acknowledged under a publication that has changed since: resumed from the record.
+        carried = None if unrelayed else self._carried_position(database)
         self.resumes_carried = False
         if carried is not None and (recorded is None or carried > recorded):
             # What the previous session had acknowledged but not yet recorded.
@@ -403,6 +424,21 @@ class StartSequence:
             record, cause or (plan.cause if plan else Cause.DROPPED), failover
         )
         return recovered, recovered.confirmed_flush
+
+    def _name_unrelayed(
+        self, unrelayed: list[Change], record: Record, boundary: int | None
+    ) -> None:
+        """The rows the slot may never have streamed, for the operator (an ERROR), now that no
+        sweep deletes them (the boundary was taken afresh)."""
+        message, fields = unrelayed_message(
+            unrelayed,
+            self.settings.tables(),
+            from_xid=record.stamp_checked_xid,
+            to_xid=boundary,
+            since=record.updated_at,
+        )
+        log.error(message, extra={"fields": fields})
+        self.stats.rows_in_doubt = fields
 
     def _trusted_position(self, database: StartDatabase, record: Record) -> tuple[int | None, bool]:
         """The recorded position, refused (PositionMismatch, exit 4, before anything streams or

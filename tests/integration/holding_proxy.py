@@ -10,6 +10,14 @@ answers to what already went through still reach it. :meth:`HoldingProxy.release
 bytes on, in order, and forwards again. Other processes (the standby, the test's consumer) pass
 through untouched.
 
+A request whose outcome its sender cannot learn — a Kafka transaction's commit that reached the
+broker, whose answer never came back — needs the opposite cut: :meth:`HoldingProxy.cut_after`
+lets one process's next request of a kind (``END_TXN``) through (or, ``arrives=False``, not even
+that one) and from then on cuts that process off both ways (nothing more it sends arrives, no
+answer reaches it), as a network that fails right after (or before) a request left does.
+:meth:`HoldingProxy.release` then resets its cut connections (it reconnects, as after a real
+outage) and forwards again.
+
 Why it speaks a little Kafka: a client connects to the addresses the brokers *advertise* in their
 metadata, not to the bootstrap address it was given, so a plain forwarder would see only the first
 request of each client. The proxy rewrites the broker addresses in the responses that tell
@@ -41,6 +49,8 @@ _LOOPBACK = "127.0.0.1"
 PRODUCE = 0
 METADATA = 3
 FIND_COORDINATOR = 10
+ADD_PARTITIONS_TO_TXN = 24
+END_TXN = 26
 
 Route = Callable[[str, int], tuple[str, int]]  # a broker's address -> the proxy's for it
 
@@ -250,23 +260,38 @@ class _Link:
         self.key = (int(client.getpeername()[1]), int(client.getsockname()[1]))
         self.lock = threading.Lock()  # orders forwarding, holding and releasing
         self.armed = False
+        self.arm_key = PRODUCE
         self.held = False
         self.kept: list[bytes] = []  # b"" stands for the end of the client's stream
         self.kept_count = Held()
         self.requests: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
         self._on_produce = on_produce
+        self.cut_after: int | None = None  # the api key whose request cuts (passing, or not)
+        self.cut_arrives = True
+        self.cut = False  # nothing more passes either way; closed on release
+        self.on_cut: Callable[[], None] = lambda: None
 
     def hold(self) -> None:
         with self.lock:
             self.held = True
             self.armed = False
 
-    def arm(self) -> None:
+    def arm(self, api_key: int = PRODUCE) -> None:
         with self.lock:
-            self.armed = not self.held
+            self.armed, self.arm_key = not self.held, api_key
+
+    def cut_off(self) -> None:
+        with self.lock:
+            self.cut, self.cut_after = True, None
 
     def release(self) -> Held:
         with self.lock:
+            if self.cut:  # what it kept is dropped; a reset: the client reconnects
+                self.kept.clear()
+                self.kept_count = Held()
+                self.cut = self.held = self.armed = False
+                self.close()
+                return Held()
             kept = self.kept_count
             try:
                 for chunk in self.kept:
@@ -289,10 +314,16 @@ class _Link:
                 api_key, version, correlation = struct.unpack(">hhi", frame[4:12])
                 if api_key in (METADATA, FIND_COORDINATOR):
                     self.requests[correlation] = (api_key, version)
-            triggered = self.armed and api_key == PRODUCE
+            triggered = self.armed and api_key == self.arm_key
             if triggered:
                 self.held, self.armed = True, False
-            if self.held:
+            cutting = self.cut_after is not None and api_key == self.cut_after
+            passes = cutting and self.cut_arrives
+            if cutting:  # from this request on, nothing passes either way
+                self.cut, self.cut_after = True, None
+            if passes:
+                self.server.sendall(frame)  # it arrives; its answer does not
+            elif self.held or self.cut:
                 self.kept.append(frame)
                 self.kept_count += Held(len(frame), int(api_key == PRODUCE))
             elif frame:
@@ -301,6 +332,8 @@ class _Link:
                 self.server.shutdown(socket.SHUT_WR)
         if triggered:
             self._on_produce()  # outside this link's lock: it takes the others'
+        if cutting:
+            self.on_cut()
 
     def close(self) -> None:
         for sock in (self.client, self.server):
@@ -318,7 +351,11 @@ class HoldingProxy:
         self._listeners: dict[tuple[str, int], socket.socket] = {}  # by upstream address
         self._held_pid: int | None = None
         self._armed_pid: int | None = None
+        self._armed_key = PRODUCE  # the request that makes an armed hold take effect
         self.holding = threading.Event()  # set while a hold is in effect
+        self._cut_armed: tuple[int, int, bool] | None = None  # cut_after's (pid, api key, arrives)
+        self._cut_pid: int | None = None
+        self.cut = threading.Event()  # set once a cut_after took effect
         self._closed = False
         self.errors: list[str] = []  # responses it could not read (passed on unchanged)
         self._bootstrap = [self._route(*_split(a)) for a in bootstrap_servers.split(",")]
@@ -327,35 +364,56 @@ class HoldingProxy:
     def bootstrap_servers(self) -> str:
         return ",".join(f"{host}:{port}" for host, port in self._bootstrap)
 
-    def hold(self, pid: int, *, from_produce: bool = False) -> int:
+    def hold(self, pid: int, *, from_produce: bool = False, from_request: int | None = None) -> int:
         """Keep every byte process ``pid`` sends, on the connections it has and the ones it
         opens, until :meth:`release`: from now on, or (``from_produce``) from the moment it
         sends its next Produce request, that request included — a hold that certainly has
-        records in flight. :attr:`holding` is set when the hold takes effect. Returns how many
-        connections of ``pid`` were found."""
+        records in flight — or (``from_request``) its next request with that api key.
+        :attr:`holding` is set when the hold takes effect. Returns how many connections of
+        ``pid`` were found."""
+        trigger = PRODUCE if from_produce else from_request
         with self._lock:
             self.holding.clear()
-            if from_produce:
-                self._armed_pid = pid
+            if trigger is not None:
+                self._armed_pid, self._armed_key = pid, trigger
             else:
                 self._held_pid = pid
             links = list(self._links)
         owned = self._owned_by(pid, links)
         for link in owned:
-            if from_produce:
-                link.arm()
+            if trigger is not None:
+                link.arm(trigger)
             else:
                 link.hold()
-        if not from_produce:
+        if trigger is None:
             self.holding.set()
         return len(owned)
 
+    def cut_after(self, pid: int, api_key: int, *, arrives: bool = True) -> int:
+        """Let process ``pid``'s next request with ``api_key`` through (``arrives``; else keep
+        that one too), then cut that process off both ways until :meth:`release` (which resets
+        its connections): it never learns what came of it. :attr:`cut` is set when that request
+        was sent. Returns how many connections of ``pid`` were found."""
+        with self._lock:
+            self.cut.clear()
+            self._cut_armed = (pid, api_key, arrives)
+            links = list(self._links)
+        owned = self._owned_by(pid, links)
+        for link in owned:
+            self._arm_cut(link, api_key, arrives)
+        return len(owned)
+
     def release(self) -> Held:
-        """Send what was kept, in order, and forward again."""
+        """Send what was kept, in order, and forward again; cut connections are reset."""
         with self._lock:
             self._held_pid = self._armed_pid = None
+            self._cut_armed = self._cut_pid = None
             links = list(self._links)
             self.holding.clear()
+        for link in links:
+            if link.cut:
+                with self._lock:
+                    self._links.discard(link)
         return sum((link.release() for link in links), Held())
 
     def close(self) -> None:
@@ -393,7 +451,7 @@ class HoldingProxy:
             return _LOOPBACK, int(listener.getsockname()[1])
 
     def _produce_seen(self) -> None:
-        """An armed connection sent a Produce request: hold all of the armed process's."""
+        """An armed connection sent its request: hold all of the armed process's."""
         with self._lock:
             pid, self._armed_pid = self._armed_pid, None
             if pid is None:
@@ -403,6 +461,23 @@ class HoldingProxy:
         for link in self._owned_by(pid, links):
             link.hold()
         self.holding.set()
+
+    def _arm_cut(self, link: _Link, api_key: int, arrives: bool) -> None:
+        with link.lock:
+            link.cut_after, link.cut_arrives = api_key, arrives
+            link.on_cut = self._cut_seen
+
+    def _cut_seen(self) -> None:
+        """An armed connection passed its request: cut all of the armed process's."""
+        with self._lock:
+            armed, self._cut_armed = self._cut_armed, None
+            if armed is None:
+                return  # another connection of it was first
+            self._cut_pid = armed[0]
+            links = list(self._links)
+        for link in self._owned_by(armed[0], links):
+            link.cut_off()
+        self.cut.set()
 
     def _owned_by(self, pid: int, links: list[_Link]) -> list[_Link]:
         inodes = _socket_inodes(pid)
@@ -434,11 +509,17 @@ class HoldingProxy:
             with self._lock:
                 self._links.add(link)
                 held_pid, armed_pid = self._held_pid, self._armed_pid
+                cut_pid, cut_armed = self._cut_pid, self._cut_armed
             # A connection the process opened while held (or armed) is held (or armed) too.
             if held_pid is not None and self._owned_by(held_pid, [link]):
                 link.hold()
             elif armed_pid is not None and self._owned_by(armed_pid, [link]):
-                link.arm()
+                link.arm(self._armed_key)
+            # And one it opened while cut (or armed to be) is cut (or armed) too.
+            if cut_pid is not None and self._owned_by(cut_pid, [link]):
+                link.cut_off()
+            elif cut_armed is not None and self._owned_by(cut_armed[0], [link]):
+                self._arm_cut(link, cut_armed[1], cut_armed[2])
             threading.Thread(target=self._from_client, args=(link,), daemon=True).start()
             threading.Thread(target=self._from_server, args=(link,), daemon=True).start()
 
@@ -459,7 +540,8 @@ class HoldingProxy:
             while data := link.server.recv(_CHUNK):
                 buffer += data
                 for frame in _frames(buffer):
-                    link.client.sendall(self._rewritten(link, frame))
+                    if not link.cut:  # a cut connection's answers are lost
+                        link.client.sendall(self._rewritten(link, frame))
             link.client.shutdown(socket.SHUT_WR)
         except OSError:
             self._drop(link)
@@ -483,7 +565,7 @@ class HoldingProxy:
         """A reset or a closed socket: end both sides, unless bytes are still kept for later
         (a client that died while held still has its requests delivered on release)."""
         with link.lock:
-            if link.held:
+            if link.held or link.cut:
                 return
         with self._lock:
             self._links.discard(link)

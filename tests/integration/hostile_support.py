@@ -67,3 +67,45 @@ def insert(
         ),
         [values[c] for c in columns],
     )
+
+
+# Tables whose rows carry a column of every type in tests.hostile_values.PG_TYPES (v_<type>) beside
+# the outbox columns: t_values maps them plainly (the decoders read every column, the record has
+# the payload), t_values_row with value: row (every column rendered as JSON). t_numeric has a
+# numeric payload and a numeric aggregate id.
+VALUE_TABLES = ("t_values", "t_values_row", "t_numeric")
+
+
+def value_column(type_name: str) -> str:
+    """The column of ``type_name`` in the value tables: v_numeric, v_integer_array …"""
+    return "v_" + type_name.replace("[]", "_array").replace(" ", "_")
+
+
+def create_value_tables(database_url: str, type_names: list[str]) -> None:
+    typed = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(value_column(name)), sql.SQL(name))
+        for name in type_names
+    )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for table in VALUE_TABLES[:2]:
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (id uuid, aggregate_type text, aggregate_id text, "
+                    "event_type text, payload jsonb, headers jsonb, {})"
+                ).format(sql.Identifier(table), typed)
+            )
+        conn.execute(
+            "CREATE TABLE t_numeric (id uuid, aggregate_type text, aggregate_id numeric, "
+            "event_type text, payload numeric, headers jsonb)"
+        )
+
+
+def value_tables_setting() -> str:
+    """CDC_RELAY_OUTBOX_TABLES for the value tables."""
+    return json.dumps(
+        [
+            {"table": "public.t_values"},
+            {"table": "public.t_values_row", "columns": {"value": "row"}},
+            {"table": "public.t_numeric"},
+        ]
+    )

@@ -153,6 +153,11 @@ def insert_events(conn: psycopg.Connection[tuple[object, ...]], events: Sequence
         )
 
 
+def event_ids(*groups: Sequence[Event]) -> set[str]:
+    """The ids of the events of every group."""
+    return {e.id for group in groups for e in group}
+
+
 def write_transactions(
     database_url: str, batches: Sequence[Sequence[Event]], between: Callable[[], None] | None = None
 ) -> None:

@@ -239,6 +239,7 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
         "slot",
         "messages",
         "leadership",
+        "waits",
         "failover",
         "broker",
         "topics",
@@ -307,7 +308,7 @@ def test_check_fails_without_a_publication(database: str, env: dict[str, str]) -
         f"FAIL publication: {publication} does not exist: run python -m cdc_relay setup (the "
         "relay also creates it when it starts), or as the tables' owner: CREATE PUBLICATION "
         f'"{publication}" FOR TABLE "public"."outbox" WITH '
-        "(publish = 'insert');"
+        "(publish = 'insert', publish_via_partition_root = true);"
     )
 
 

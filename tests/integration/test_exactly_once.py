@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import Producer
@@ -24,6 +25,7 @@ from cdc_relay.local import LocalBroker
 from cdc_relay.reconcile import POSITION_HEADER
 from cdc_relay.transactional_id import transactional_id
 from tests.conftest import KafkaBroker
+from tests.integration.holding_proxy import END_TXN, HoldingProxy
 from tests.integration.relay_support import (
     Event,
     RelayProcess,
@@ -307,3 +309,157 @@ def test_a_postgresql_transaction_larger_than_the_split_bound_arrives_complete_o
     assert "too large for one Kafka transaction" in logs
     _in_commit_order(records, large)
     assert _transaction_markers(records) > 0  # commit markers inside the one transaction's run
+
+
+def _reads_back(logs: str) -> int:
+    return logs.count("reconciled with Kafka") + logs.count("nothing to reconcile")
+
+
+@dataclass
+class _Batches:
+    """Events committed before the commit that gets no answer, in it, and after it."""
+
+    before: list[Event]
+    during: list[Event]
+    after: list[Event]
+
+    @classmethod
+    def made(cls) -> _Batches:
+        def batch(first: int) -> list[Event]:
+            return [new_event(aggregate_id=f"a-{i}", payload={"n": first + i}) for i in range(10)]
+
+        return cls(batch(0), batch(10), batch(20))
+
+    @property
+    def events(self) -> list[Event]:
+        return self.before + self.during + self.after
+
+    def copies(self, records: list[Record]) -> dict[str, list[int]]:
+        """How many times each event of each batch arrived."""
+        counts = Counter(_ids(records))
+        named = (("before", self.before), ("during", self.during), ("after", self.after))
+        return {name: [counts[e.id] for e in batch] for name, batch in named}
+
+
+def _prepared(database: str, broker: KafkaBroker, unique: str) -> _Batches:
+    """The outbox, the test's topic (``<unique>.order``), and the events to write."""
+    create_outbox(database)
+    broker.create_topic(f"{unique}.order", partitions=2)
+    return _Batches.made()
+
+
+def _commit_without_an_answer(
+    database: str, broker: KafkaBroker, proxy: HoldingProxy, relay: RelayProcess,
+    batches: _Batches, unique: str, *, arrives: bool = True,
+) -> int:  # fmt: skip
+    """The relay publishes ``before``; then its commit of ``during`` gets no answer (its EndTxn
+    reached the broker, or not). Returns the WAL position after ``during``."""
+    topic = f"{unique}.order"
+    relay.wait_streaming()
+    write_transactions(database, [batches.before])
+    _read_committed(broker.bootstrap_servers, [topic], {e.id for e in batches.before}, 30, 0)
+    assert proxy.cut_after(relay.pid, END_TXN, arrives=arrives) > 0
+    written = _write(database, [batches.during])
+    assert proxy.cut.wait(30), "the relay sent no EndTxn"
+    return written
+
+
+def _sent_once_after(
+    database: str, broker: KafkaBroker, relay: RelayProcess, batches: _Batches, unique: str
+) -> str:
+    """``after`` committed and published: every event of the batches arrived once (a
+    read_committed consumer counts), and the relay stopped cleanly. Returns its logs."""
+    written = _write(database, [batches.after])
+    records = _read_committed_and_confirmed(
+        database, f"slot_{unique}", broker, [f"{unique}.order"], batches.events, written
+    )
+    assert relay.stop() == 0
+    logs = relay.logs()
+    copies = batches.copies(records)
+    assert all(n == 1 for batch in copies.values() for n in batch), f"{copies}\n{logs}"
+    return logs
+
+
+@pytest.mark.parametrize("arrives", [True, False], ids=["commit arrived", "commit lost"])
+def test_a_commit_of_unknown_outcome_is_settled_before_anything_is_sent_again(
+    database: str, broker: KafkaBroker, unique: str, arrives: bool
+) -> None:
+    """The commit (EndTxn) reaches the broker, which commits; its answer never comes back, past
+    transaction.timeout.ms: the relay gives up on it, not knowing. The next session fences and
+    reads back (read_committed) before it sends anything: it finds the transaction committed and
+    sends none of it again — on either broker.
+
+    The commit lost on the way (it never arrived): on Apache Kafka the fence aborts the open
+    transaction, read_committed hides it, and the read-back does not find it: it is sent again,
+    once. The test broker neither aborts nor hides it, so there the read-back finds its records
+    and the consumer counts them once: that branch is verified only against an Apache Kafka
+    (CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS)."""
+    batches = _prepared(database, broker, unique)
+    with HoldingProxy(broker.bootstrap_servers) as proxy:
+        env = _exactly_once_env(
+            database,
+            broker,
+            unique,
+            kafka_bootstrap_servers=proxy.bootstrap_servers,
+            kafka_producer_config='{"transaction.timeout.ms": "3000"}',
+        )
+        relay = RelayProcess(env).start()
+        try:
+            written = _commit_without_an_answer(
+                database, broker, proxy, relay, batches, unique, arrives=arrives
+            )
+            relay.wait_for_log("session ended, retrying", 30)  # it gave up on the commit
+            assert slot_confirmed_lsn(database, f"slot_{unique}") < written, "none confirmed"
+            proxy.release()
+            logs = _sent_once_after(database, broker, relay, batches, unique)
+        finally:
+            relay.close()
+    assert "outcome is unknown" in logs, logs
+    assert _reads_back(logs) == 2, "read back at the start, and to settle the commit"
+
+
+SHUTDOWN_TIMEOUT = 5.0
+# What a stop may take past CDC_RELAY_SHUTDOWN_TIMEOUT: the abort (at most 1 s), the producer's
+# close (its purged reports: at most 1 s), the position's last write and the process's exit.
+EXIT_SLACK = 4.0
+
+
+def test_a_stop_during_a_commit_that_cannot_finish_ends_within_the_shutdown_timeout(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """SIGTERM while a commit waits for an answer that does not come (transaction.timeout.ms at
+    its default, 60 s): the relay ends within CDC_RELAY_SHUTDOWN_TIMEOUT and a few seconds,
+    confirming nothing of it; the next start settles it (fence, read-back): nothing twice, nothing
+    lost."""
+    batches = _prepared(database, broker, unique)
+    with HoldingProxy(broker.bootstrap_servers) as proxy:
+        env = _exactly_once_env(
+            database,
+            broker,
+            unique,
+            kafka_bootstrap_servers=proxy.bootstrap_servers,
+            shutdown_timeout=f"{SHUTDOWN_TIMEOUT:g}",
+        )
+        relay = RelayProcess(env).start()
+        try:
+            written = _commit_without_an_answer(database, broker, proxy, relay, batches, unique)
+            time.sleep(1.0)  # the commit waits for its answer
+            stopped = time.monotonic()
+            code = relay.stop(timeout=120)
+            took = time.monotonic() - stopped
+            logs = relay.logs()
+        finally:
+            relay.close()
+        print(f"\nstopped during a stuck commit: exited {code} after {took:.1f}s")
+        assert code == 0, logs
+        assert took < SHUTDOWN_TIMEOUT + EXIT_SLACK, f"{took:.1f}s\n{logs}"
+        assert slot_confirmed_lsn(database, f"slot_{unique}") < written, "none confirmed"
+        assert "outcome is unknown" in logs, logs
+        proxy.release()
+    relay = RelayProcess(_exactly_once_env(database, broker, unique)).start()
+    try:
+        relay.wait_streaming()
+        logs = _sent_once_after(database, broker, relay, batches, unique)
+    finally:
+        relay.close()
+    assert "reconciled with Kafka" in logs, logs

@@ -13,22 +13,39 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
+import orjson
 import psycopg
 import pytest
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
+from psycopg import sql
 
 from cdc_relay.lsn import parse_lsn
 from tests.conftest import KafkaBroker
-from tests.hostile_values import json_objects, json_texts, sizes, texts
+from tests.hostile_values import (
+    NUMBER_OIDS,
+    PG_TYPES,
+    json_objects,
+    json_texts,
+    numeric_texts,
+    rendered,
+    sizes,
+    texts,
+)
 from tests.integration.hostile_support import (
     ODD_TABLE,
     TABLES,
+    VALUE_TABLES,
     create_tables,
+    create_value_tables,
     insert,
     outbox_tables_setting,
+    value_column,
+    value_tables_setting,
 )
 from tests.integration.relay_support import RelayProcess, relay_env, scalar, trust_messages
 from tests.kafka_helpers import Reader, Record
@@ -191,9 +208,12 @@ HOSTILE = st.one_of(_row(), _row(), _message())
 # -- reading the outcome --------------------------------------------------------------------------
 
 
-def _topics_and_reader(database: str, broker: KafkaBroker, unique: str) -> tuple[str, str, Reader]:
-    """The hostile tables; the events and dead-letter topics, and a reader of both."""
-    create_tables(database)
+def _topics_and_reader(
+    database: str, broker: KafkaBroker, unique: str, create: Callable[[str], None] = create_tables
+) -> tuple[str, str, Reader]:
+    """The tables (``create``: the hostile ones); the events and dead-letter topics, and a reader
+    of both."""
+    create(database)
     events, dead_letter = f"{unique}.events", f"{unique}.dead_letter"
     broker.create_topic(events)
     broker.create_topic(dead_letter)
@@ -344,6 +364,177 @@ def test_each_hostile_row_or_message_is_published_or_dead_lettered_exactly_once(
     print("outcomes:", Counter(outcomes).most_common())
     assert "published" in outcomes
     assert dead_lettered
+
+
+# -- values at PostgreSQL's extremes --------------------------------------------------------------
+
+_TYPE_NAMES = sorted(PG_TYPES)
+_MAX_RECORD = 1_000_000  # librdkafka's message.max.bytes, the relay's default
+
+
+# A headers object's entries as the relay must send them: strings decoded, numbers as their text.
+_HEADERS_ORACLE = json.JSONDecoder(parse_int=str, parse_float=str)
+
+
+# jsonb numbers for the headers object: past int()'s 4,300 digits often, NaN never (not JSON).
+_HEADER_NUMBERS = st.one_of(
+    st.sampled_from(["9" * 4_301, "-" + "9" * 131_072, "1.10", "-0"]),
+    numeric_texts().filter(lambda n: n[-1].isdigit()),
+)
+
+
+@st.composite
+def _value_row(draw: st.DrawFn) -> Hostile:
+    """A row of a value table: some typed columns at their extremes (the rest NULL), sometimes
+    every column NULL; in t_numeric a numeric payload and aggregate id at theirs."""
+    table = draw(st.sampled_from(VALUE_TABLES))
+    good: dict[str, object] = {**_GOOD, "id": str(uuid.uuid4())}
+    if table == "t_numeric":
+        numeric = st.one_of(st.none(), numeric_texts())
+        return Hostile(table, {**good, "payload": draw(numeric), "aggregate_id": draw(numeric)})
+    if draw(st.integers(0, 9)) == 0:
+        return Hostile(table, dict.fromkeys(["id", *map(value_column, _TYPE_NAMES)]))
+    for name in draw(st.lists(st.sampled_from(_TYPE_NAMES), min_size=1, max_size=4, unique=True)):
+        good[value_column(name)] = draw(PG_TYPES[name][1])
+    numbers = draw(st.lists(_HEADER_NUMBERS, max_size=2))
+    good["headers"] = json.dumps({f"n{i}": 0 for i in range(len(numbers))})
+    for i, number in enumerate(numbers):  # numbers json.dumps cannot write: spliced in
+        good["headers"] = str(good["headers"]).replace(f'"n{i}": 0', f'"n{i}": {number}')
+    return Hostile(table, good)
+
+
+def _texts_of(database: str, table: str, event_id: str) -> dict[str, tuple[int, str | None]]:
+    """The row's columns as PostgreSQL's output functions print them (the ground truth; a cast to
+    text may differ: boolean's is true, its output t): name -> (type OID, text)."""
+    with psycopg.connect(database) as conn:
+        query = sql.SQL("SELECT * FROM {} WHERE id = $1").format(sql.Identifier(table))
+        result = conn.pgconn.exec_params(query.as_bytes(conn), [event_id.encode()])
+        assert result.ntuples == 1, result.get_error_message()
+        texts = {}
+        for i in range(result.nfields):
+            value = result.get_value(0, i)
+            name = (result.fname(i) or b"").decode()
+            texts[name] = (result.ftype(i), None if value is None else bytes(value).decode())
+    return texts
+
+
+def _lost_by(plugin: str, oid: int, text: str | None) -> str | None:
+    """What the plugin delivers for a value: wal2json prints numbers' NaN/±Infinity as null."""
+    if plugin == "wal2json" and oid in NUMBER_OIDS and text in ("NaN", "Infinity", "-Infinity"):
+        return None
+    return text
+
+
+def test_each_value_postgresql_stores_is_relayed_exactly_or_dead_lettered(
+    database: str, broker: KafkaBroker, unique: str, plugin: str
+) -> None:
+    """Rows with a column of every type at its extremes (numeric of 131,072 + 16,383 digits,
+    NaN, ±Infinity, -0, megabytes of text, bytea, nested arrays with NULLs, deep json,
+    timestamps at ±infinity, NULL) through the real stream of both plugins: each is published
+    exactly as PostgreSQL prints it (``value: row`` says every column in JSON, a plain record
+    its payload, key and headers) or dead-lettered for its reason; the relay runs on."""
+    events, dead_letter, reader = _topics_and_reader(
+        database, broker, unique, partial(create_value_tables, type_names=_TYPE_NAMES)
+    )
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        topic_template=events,
+        outbox_tables=value_tables_setting(),
+    )
+    relay = RelayProcess(env).start()
+    outcomes: list[str] = []
+
+    @settings(
+        max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
+    @given(hostile=_value_row())
+    def each(hostile: Hostile) -> None:
+        assert relay.proc is not None
+        proc = relay.proc
+        assert proc.poll() is None, f"the relay exited ({proc.returncode}):\n{relay.logs()}"
+        assert hostile.table is not None
+        _write(database, hostile)
+        good = _good_value_row(database)
+
+        def settled(records: list[Record]) -> bool:
+            return (good in _ids(records) and len(records) >= 2) or proc.poll() is not None
+
+        records = reader.read_until(settled, OUTCOME_TIMEOUT)
+        assert good in _ids(records), f"the good row after {hostile!r:.300} was not published"
+        (outcome,) = [r for r in records if r.topic != events or _ids([r]) != [good]]
+        expected = _expected(database, plugin, hostile)
+        if outcome.topic == dead_letter:
+            code = (outcome.header("cdc_relay.error_code") or b"").decode()
+            reason = (outcome.header("cdc_relay.error") or b"").decode()
+            assert expected in (code, "either"), f"{hostile!r:.300}: {code} {reason}"
+            outcomes.append(f"dead-lettered: {code}")
+        else:
+            assert expected in ("published", "either"), f"{hostile!r:.300} was published"
+            _assert_exact(database, plugin, hostile, outcome)
+            outcomes.append(f"published from {hostile.table}")
+        event(outcomes[-1])
+
+    try:
+        relay.wait_streaming()
+        each()
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        reader.close()
+        relay.close()
+    assert "session ended" not in logs, "no value restarts the replication session"
+    assert "Traceback" not in logs
+    print("outcomes:", Counter(outcomes).most_common())
+    assert any(o.startswith("published") for o in outcomes)
+
+
+def _good_value_row(database: str) -> str:
+    event_id = str(uuid.uuid4())
+    with psycopg.connect(database, autocommit=True) as conn:
+        insert(conn, "t_values", {**_GOOD, "id": event_id, "v_numeric": "1.10"})
+    return event_id
+
+
+def _expected(database: str, plugin: str, hostile: Hostile) -> str:
+    """How the row must end: published, MALFORMED_OUTBOX_ROW, MSG_SIZE_TOO_LARGE or either."""
+    if hostile.values.get("id") is None:
+        return "MALFORMED_OUTBOX_ROW"
+    assert hostile.table is not None
+    texts = _texts_of(database, hostile.table, str(hostile.values["id"]))
+    if hostile.table == "t_numeric":
+        payload = _lost_by(plugin, *texts["payload"])
+        key = _lost_by(plugin, *texts["aggregate_id"])
+        if payload is None or key is None or not payload[-1].isdigit():  # NaN, Infinity: not JSON
+            return "MALFORMED_OUTBOX_ROW"
+        return "published"
+    if hostile.table == "t_values_row":
+        size = len(orjson.dumps(_row_json(plugin, texts)))
+        if size > _MAX_RECORD:
+            return "MSG_SIZE_TOO_LARGE"
+        return "published" if size < _MAX_RECORD - 50_000 else "either"
+    return "published"
+
+
+def _row_json(plugin: str, texts: dict[str, tuple[int, str | None]]) -> dict[str, object]:
+    return {name: rendered(oid, _lost_by(plugin, oid, text)) for name, (oid, text) in texts.items()}
+
+
+def _assert_exact(database: str, plugin: str, hostile: Hostile, record: Record) -> None:
+    """The record says exactly what PostgreSQL prints for the row."""
+    assert hostile.table is not None
+    texts = _texts_of(database, hostile.table, str(hostile.values["id"]))
+    if hostile.table == "t_values_row":
+        assert record.value == orjson.dumps(_row_json(plugin, texts))
+        return
+    assert record.key == (texts["aggregate_id"][1] or "").encode()
+    assert record.value == (texts["payload"][1] or "").encode()
+    expected = [
+        (name, value.encode())
+        for name, value in _HEADERS_ORACLE.decode(texts["headers"][1] or "{}").items()
+    ]
+    assert [h for h in record.headers[3:] if not h[0].startswith("cdc_relay.")] == expected
 
 
 # -- stop policy ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Iterator
 
+import orjson
 import psycopg
 import pytest
 from psycopg import sql
@@ -26,6 +27,11 @@ from tests.integration.relay_support import (
     write_transactions,
 )
 from tests.integration.test_admin import cdc_relay, failed, lines_of
+from tests.integration.test_partitioned_outbox import (
+    PARTITIONED_DDL,
+    partitioned_rows,
+    write_partitioned,
+)
 from tests.kafka_helpers import consume_all
 
 pytestmark = pytest.mark.integration
@@ -43,8 +49,12 @@ def _as_role(url: str, user: str, password: str) -> str:
 
 
 @pytest.fixture
-def least_privilege(database: str, unique: str) -> Iterator[tuple[str, str]]:
-    """The database set up as the README says; yields (the relay role's URL, the owner role)."""
+def least_privilege(
+    request: pytest.FixtureRequest, database: str, unique: str
+) -> Iterator[tuple[str, str]]:
+    """The database set up as the README says; yields (the relay role's URL, the owner role).
+    Parametrized indirectly, the owner creates the outbox with that DDL instead."""
+    outbox_ddl = str(getattr(request, "param", OUTBOX_DDL))
     owner = f"owner_{unique}"
     with psycopg.connect(database, autocommit=True) as conn:
         name = conn.info.dbname
@@ -63,7 +73,7 @@ def least_privilege(database: str, unique: str) -> Iterator[tuple[str, str]]:
         )
         conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(owner)))
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
-        conn.execute(OUTBOX_DDL.encode())  # our own trusted files, run as an operator would
+        conn.execute(outbox_ddl.encode())  # our own trusted files, run as an operator would
         conn.execute(packaged_sql(STATE_SQL).encode())
         conn.execute(packaged_sql(PUBLICATION_SQL).encode())
         conn.execute("RESET ROLE")
@@ -261,3 +271,49 @@ def test_a_publication_the_relay_does_not_own_keeps_its_filter_until_its_owner_f
         relay.close()
     relayed = [e.id.encode() for e in events if e.aggregate_type != "shipment"]
     assert sorted(r.header("id") or b"" for r in records) == sorted(relayed)
+
+
+@pytest.mark.parametrize("least_privilege", [PARTITIONED_DDL], indirect=True)
+def test_a_partitioned_outbox_is_relayed_and_swept_as_the_documented_role(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    """Grants on the partitioned outbox only (none on its partitions): the sweeper reads the
+    partition tree and each partition's rows through the root, and keeps what it learnt in the
+    state table; a table attached with rows of its own keeps them."""
+    relay_url, owner = least_privilege
+    env = relay_env(
+        relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,
+        sweep_interval="0.2", confirm_interval="0.2", idle_confirm_interval="0.3",
+    )  # fmt: skip
+    assert not failed(cdc_relay(env, "check"))
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+        conn.execute("CREATE TABLE public.outbox_2024_03 (LIKE public.outbox INCLUDING ALL)")
+    prefilled = write_partitioned(database, "03", 3, "prefilled", table="outbox_2024_03")
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+            conn.execute(
+                "ALTER TABLE public.outbox ATTACH PARTITION public.outbox_2024_03 "
+                "FOR VALUES FROM ('2024-03-01') TO ('2024-04-01')"
+            )
+        events = write_partitioned(database, "01", 6, "jan") + write_partitioned(
+            database, "03", 6, "mar"
+        )
+        records = consume_all(broker.bootstrap_servers, f"{unique}.order", len(events), 30)
+        wait_until(
+            lambda: partitioned_rows(database) == {e.id for e in prefilled},
+            30,
+            "the sweeper, as the relay's role, deleted the published rows from the partitions",
+        )
+        horizons = scalar(database, "SELECT sweep_horizons::text FROM cdc_relay.slot_position")
+    finally:
+        code = relay.stop()
+        relay.close()
+    assert code == 0, relay.logs()
+    assert sorted(r.header("id") or b"" for r in records) == sorted(e.id.encode() for e in events)
+    assert "sweep failed" not in relay.logs()
+    assert isinstance(horizons, str)
+    assert len(orjson.loads(horizons)) == 4  # the partitions' looks, kept for later sweepers

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from cdc_relay.config import OutboxTable
 from cdc_relay.sweep_queries import delete_batch
-from tests.fakes import SweptTableStub
+from tests.fakes import SweptTableStub, eligible_since
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_a_delete_removes_exactly_its_keys_whatever_their_text(database: str) ->
         )
         swept = SweptTableStub(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("text")])
         chosen = (*HOSTILE_KEYS, *ordinary[:100])
-        deleted = delete_batch(conn, swept, chosen, boundary)
+        deleted = delete_batch(conn, swept, chosen, eligible_since(conn, "swept_keys", boundary))
         assert sorted(deleted) == sorted(chosen)  # type: ignore[type-var]
         left = {str(r[0]) for r in conn.execute("SELECT k FROM swept_keys").fetchall()}
         assert left == set(ordinary[100:])
@@ -56,7 +56,7 @@ def test_a_deletes_client_cpu_per_key_is_small(database: str) -> None:
         swept = SweptTableStub(OutboxTable(table="swept_keys"), ("k",), [sql.SQL("uuid")])
         best = float("inf")
         for _ in range(3):
-            boundary = _boundary(conn)
+            eligible = eligible_since(conn, "swept_keys", _boundary(conn))
             rows = conn.execute(
                 "INSERT INTO swept_keys SELECT gen_random_uuid() FROM generate_series(1, %s) "
                 "RETURNING k::text",
@@ -64,7 +64,7 @@ def test_a_deletes_client_cpu_per_key_is_small(database: str) -> None:
             ).fetchall()
             keys = tuple(str(r[0]) for r in rows)
             started = time.thread_time()
-            deleted = delete_batch(conn, swept, keys, boundary)
+            deleted = delete_batch(conn, swept, keys, eligible)
             best = min(best, time.thread_time() - started)
             assert len(deleted) == KEYS
         assert best / KEYS <= CPU_PER_KEY_MAX, f"{best / KEYS * 1e6:.2f} µs per key"

@@ -25,12 +25,13 @@ from cdc_relay.checkpoint import PostgresCheckpointStore
 from cdc_relay.config import Settings
 from cdc_relay.local.lifetime import free_port
 from cdc_relay.lsn import parse_lsn
+from cdc_relay.publication_stamp import StampQuery, read_stamp
 from cdc_relay.relayed_filters import recorded_form
 from cdc_relay.row_key import key_types
-from cdc_relay.sweep_queries import page_statement, select_page
+from cdc_relay.sweep_queries import Eligible, page_statement, select_page
 from cdc_relay.sweeper import Candidates, Sweeper
 from tests.conftest import KafkaBroker
-from tests.fakes import SweptTableStub
+from tests.fakes import SweptTableStub, eligible_since
 from tests.integration.relay_support import (
     INSERT_SQL,
     OUTBOX_DDL,
@@ -78,6 +79,18 @@ def _remaining(url: str) -> set[str]:
         return {str(r[0]) for r in conn.execute("SELECT id FROM outbox").fetchall()}
 
 
+def _record_relayed(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> None:
+    """What a relay's start records beside its position: its row filters, and the publication
+    as it verified it (cdc_relay.publication_stamp)."""
+    store = PostgresCheckpointStore(conn, settings.state_schema, settings.slot_name)
+    tables = settings.tables()
+    query = StampQuery.of(
+        settings.plugin, settings.publication_name, tables, conn.info.server_version
+    )
+    store.verify(read_stamp(conn, query))
+    store.record_row_filters(recorded_form(tables), changed=False)
+
+
 def _events(count: int, prefix: str) -> list[Event]:
     return [new_event("order", f"{prefix}-{n % 17}", "created", {"n": n}) for n in range(count)]
 
@@ -108,10 +121,10 @@ class _AuditedSweeper(Sweeper):
         self.passes: list[int] = []  # rows deleted per pass
 
     def _delete(
-        self, conn: Any, table: Any, batch: Candidates, boundary: int
+        self, conn: Any, table: Any, batch: Candidates, eligible: Eligible
     ) -> tuple[object, ...]:
         recorded = _recorded(self.audit_conn, self.settings.slot_name)
-        ids = super()._delete(conn, table, batch, boundary)
+        ids = super()._delete(conn, table, batch, eligible)
         self.deletions.append((ids, batch.fence, recorded, time.time()))
         return ids
 
@@ -454,9 +467,10 @@ def test_a_page_of_candidates_reads_the_keys_index_not_the_whole_table(
         swept = SweptTableStub(table, ("id",), key_types(conn, table, ("id",)))
         after = str(uuid.UUID(int=1 << 126))  # a quarter into the keys
         boundary = int(str(scalar(database, "SELECT txid_current()"))) - 100
+        eligible = eligible_since(conn, "outbox", boundary)
         for page_after in (None, after):
             statement, params = page_statement(
-                swept, page_after, boundary, created_at=None, limit=100
+                swept, page_after, eligible, created_at=None, limit=100
             )
             explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(statement)
             plan = conn.execute(explain, params).fetchone()[0][0]["Plan"]  # type: ignore[index]
@@ -550,8 +564,7 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
     settings = relay_settings(env, outbox_tables=tables)
     sweeper = Sweeper(settings)
     with psycopg.connect(database, autocommit=True) as conn:  # as the relay records them
-        store = PostgresCheckpointStore(conn, "cdc_relay", env["CDC_RELAY_SLOT_NAME"])
-        store.record_row_filters(recorded_form(settings.tables()), changed=False)
+        _record_relayed(conn, settings)
 
     result = sweeper.sweep_until_done(timeout=1)
     assert result.deleted == 0, "no publication: nothing is relayed, so nothing is swept"
@@ -564,6 +577,7 @@ def test_tables_the_relay_does_not_stream_or_ids_that_are_not_unique_are_never_s
             f"CREATE PUBLICATION {publication} FOR TABLE outbox, outbox2 "
             "WITH (publish = 'insert')".encode()
         )
+        _record_relayed(conn, settings)  # a relay's start under the new publication
         sweeper.sweep_once()  # selects the candidates, below the WAL end as of now
         # A record covering them all (as far as a record can: the WAL's end), so that only the
         # guards keep rows now.

@@ -43,10 +43,17 @@ import pytest
 from cdc_relay.local import LocalBroker
 from cdc_relay.local.lifetime import wait_stopped
 from tests.conftest import KafkaBroker
-from tests.integration.holding_proxy import Held, HoldingProxy
-from tests.integration.relay_support import RelayProcess, create_outbox, wait_until
+from tests.integration.holding_proxy import ADD_PARTITIONS_TO_TXN, Held, HoldingProxy
+from tests.integration.relay_support import (
+    RelayProcess,
+    create_outbox,
+    new_event,
+    wait_until,
+    write_transactions,
+)
 from tests.integration.test_high_availability import (
     LEASE,
+    PARTITIONS,
     Writers,
     _by_pid,
     _check_nothing_lost_and_order_kept,
@@ -267,3 +274,76 @@ def test_a_zombie_leader_publishes_nothing_twice(
             assert duplicates == 0, report
             for aggregate, arrived in sequences.items():
                 assert arrived == list(range(len(arrived))), f"{aggregate} not once, in order"
+
+
+def test_a_zombie_fenced_before_its_transaction_registered_stands_by(
+    database: str,
+    broker: KafkaBroker,
+    proxy: HoldingProxy,
+    unique: str,
+    relays: list[RelayProcess],  # noqa: F811 - the fixture
+) -> None:
+    """The stopped-zombie round whose woken leader could exit 70, made the likely case: the
+    leader's next Kafka transaction registers its partition (AddPartitionsToTxn) and the proxy
+    holds that request; the leader is stopped, the standby takes over (its fence) and publishes;
+    the request is released, the broker answers it fenced, and the leader is woken with that
+    answer waiting. librdkafka makes it a fatal error, which confluent-kafka raises as a
+    SystemError from the call that serves it together with delivery reports (the abort, the
+    close's flush). The woken leader must stand by, not end with a traceback."""
+    create_outbox(database)
+    env = _env(
+        database, broker, unique, exactly_once="true",
+        kafka_bootstrap_servers=proxy.bootstrap_servers,
+    )  # fmt: skip
+    slot = env["CDC_RELAY_SLOT_NAME"]
+    topic = f"{unique}.order"
+    broker.create_topic(topic, PARTITIONS)
+    reader = BackgroundReader(broker.bootstrap_servers, topic, isolation="read_committed")
+    try:
+        _start(relays, env)
+        _start(relays, env)
+        leader = _wait_leader(database, env, relays)
+        first = [new_event(aggregate_id=f"a-{i}", payload={"n": i}) for i in range(5)]
+        write_transactions(database, [first])
+        wait_until(lambda: {e.id for e in first} <= reader.event_ids(), 30, "the first events")
+        assert proxy.hold(leader.pid, from_request=ADD_PARTITIONS_TO_TXN) > 0
+        held = [new_event(aggregate_id=f"a-{i}", payload={"n": 5 + i}) for i in range(5)]
+        write_transactions(database, [held])
+        assert proxy.holding.wait(10), "the leader registered no partition"
+        os.kill(leader.pid, signal.SIGSTOP)
+        wait_stopped(leader.pid)
+        mark = len(leader.logs())
+        # The standby's lease wait ends, it fences the stopped leader and publishes.
+        wait_until(lambda: {e.id for e in held} <= reader.event_ids(), LEASE + 30, "a takeover")
+        successor = _by_pid(relays, _leader_pid(database, slot))
+        assert successor is not leader
+        assert proxy.release().bytes > 0  # the held AddPartitionsToTxn: answered fenced
+        time.sleep(0.5)  # the answer waits in the stopped leader's socket
+        os.kill(leader.pid, signal.SIGCONT)
+        process = leader.proc
+        assert process is not None
+        wait_until(
+            lambda: (
+                "standby: another relay leads" in leader.logs()[mark:] or process.poll() is not None
+            ),
+            60,
+            "the woken leader to stand by",
+        )
+        woken = leader.logs()[mark:]
+        assert process.poll() is None, f"the woken leader exited:\n{woken}"
+        assert "unexpected error" not in woken, woken
+        # Mostly it meets the fence while it closes its producer; when the close came first, it
+        # stood by without meeting it (both are right).
+        met = "fenced" in woken
+        after = [new_event(aggregate_id=f"a-{i}", payload={"n": 10 + i}) for i in range(5)]
+        write_transactions(database, [after])
+        events = {e.id for e in first + held + after}
+        wait_until(lambda: events <= reader.event_ids(), 30, "every event")
+        time.sleep(1.0)  # late copies, if any, show
+        copies = Counter(arrival.event_id for arrival in reader.snapshot())
+    finally:
+        reader.close()
+    print(f"\nthe woken leader {'met' if met else 'did not meet'} the fence, and stood by")
+    assert all(copies[event_id] == 1 for event_id in events), copies
+    for relay in relays:
+        assert relay.stop() == 0, relay.logs()

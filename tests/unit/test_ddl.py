@@ -24,8 +24,8 @@ def test_the_default_state_schema_renders_the_file_unchanged() -> None:
 
 def test_another_state_schema_is_an_exact_identifier_everywhere() -> None:
     text = state_table_ddl('My"Schema').as_string(None)
-    # CREATE SCHEMA, CREATE TABLE, 8 x ALTER TABLE, CREATE TABLE (the leader lease)
-    assert text.count('"My""Schema"') == 11
+    # CREATE SCHEMA, CREATE TABLE, 11 x ALTER TABLE, CREATE TABLE (the leader lease)
+    assert text.count('"My""Schema"') == 14
     assert "cdc_relay" not in text
 
 
@@ -67,7 +67,7 @@ def test_the_default_publication_renders_the_files_statements() -> None:
     assert "WHERE pubname = 'cdc_relay_outbox') THEN" in body
     assert (
         'CREATE PUBLICATION "cdc_relay_outbox" FOR TABLE "public"."outbox" '
-        "WITH (publish = 'insert');" in body
+        "WITH (publish = 'insert', publish_via_partition_root = true);" in body
     )
     assert "IF NOT EXISTS" in packaged_sql("003_publication.sql")
     assert "IF NOT EXISTS" in body
@@ -85,6 +85,7 @@ def test_a_hostile_publication_name_stays_inside_its_quotes() -> None:
     statement = create_publication_statement(name, tables, None)
     assert statement == (
         f"CREATE PUBLICATION {sql.Identifier(name).as_string(None)} FOR TABLE "
-        '"public"."outbox", "s"."MyTable" WITH (publish = \'insert\');'
+        '"public"."outbox", "s"."MyTable" WITH (publish = \'insert\', '
+        "publish_via_partition_root = true);"
     )
     assert statement.replace("'", "''") in body

@@ -99,6 +99,7 @@ class _Policy:
             self.tracker,
             ensure_topic=lambda topic: None,
             fail=self.relay.fail,
+            wait_for_room=lambda: None,
         )
 
     def refuse_row(self, txn: PendingTransaction, position: bytes = POSITION) -> None:

@@ -211,3 +211,32 @@ def test_a_split_transaction_sent_again_skips_its_committed_part() -> None:
     assert _ordinals(again.sink.committed) == list(range(26, 31))  # the rest, once
     assert again.stats.skipped_in_kafka == 25
     assert again.store.saved[-1] == _commits(FRAMES[:4])[-1]
+
+
+class UnansweredSink(FakeSink):
+    """The broker took the commit and does not answer: librdkafka's commit is resumed, serving
+    the loop, until the transaction timeout (short here)."""
+
+    TRANSACTION_TIMEOUT = 3.0
+
+    def commit_transaction(self, serve: Callable[[], None]) -> None:
+        deadline = time.monotonic() + self.TRANSACTION_TIMEOUT
+        while time.monotonic() < deadline:
+            serve()
+            time.sleep(0.01)
+        raise SinkUnavailable("committing a Kafka transaction failed: timed out")
+
+
+def test_a_stop_gives_a_commit_without_an_answer_up_at_its_deadline() -> None:
+    harness = Harness(
+        FRAMES, exactly_once=True, transaction_interval=LONG, shutdown_timeout=0.2,
+        sink=UnansweredSink(),
+    )  # fmt: skip
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    started = time.monotonic()
+    harness.session.shutdown()  # the clean stop's commit: no answer comes
+    assert time.monotonic() - started < 1.0, "within CDC_RELAY_SHUTDOWN_TIMEOUT, not the commit's"
+    assert harness.session.resend.unsettled, "its outcome is unknown: the next start settles it"
+    assert harness.store.saved == []  # nothing of it confirmed
+    assert harness.sink.transaction_calls == ["begin", "abort"]

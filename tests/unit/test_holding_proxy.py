@@ -1,16 +1,26 @@
 """The holding proxy's Kafka rewriting: every broker address in Metadata and FindCoordinator
-responses, every version, is routed; every other byte is kept."""
+responses, every version, is routed; every other byte is kept. And its cut after a request: that
+request arrives, its answer and everything after it do not, until the release resets the
+connection."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import struct
+import threading
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.integration.holding_proxy import (
+    END_TXN,
     FIND_COORDINATOR,
     METADATA,
+    HoldingProxy,
     _frames,
     _Reader,
     _string,
@@ -163,3 +173,117 @@ def test_a_reader_refuses_a_truncated_message() -> None:
         except ValueError:
             continue
         raise AssertionError(f"a body cut at {end} was accepted")
+
+
+API_VERSIONS = 18
+
+
+def _request(api_key: int, correlation: int) -> bytes:
+    body = struct.pack(">hhi", api_key, 0, correlation) + _string("client", compact=False)
+    return struct.pack(">i", len(body)) + body
+
+
+class AnsweringServer:
+    """A server that answers every request frame with its correlation id, noting what came."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.received: list[tuple[int, int]] = []  # (api key, correlation id)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: close alone does not
+        self.listener.close()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = bytearray()
+        with conn:
+            while data := conn.recv(4096):
+                buffer += data
+                for frame in _frames(buffer):
+                    api_key, _, correlation = struct.unpack(">hhi", frame[4:12])
+                    self.received.append((api_key, correlation))
+                    conn.sendall(struct.pack(">ii", 4, correlation))
+
+
+@pytest.fixture
+def proxied() -> Iterator[tuple[AnsweringServer, HoldingProxy]]:
+    server = AnsweringServer()
+    with HoldingProxy(server.address) as proxy:
+        yield server, proxy
+    server.close()
+
+
+def _connect(proxy: HoldingProxy) -> socket.socket:
+    host, port = proxy.bootstrap_servers.split(":")
+    client = socket.create_connection((host, int(port)), timeout=5)
+    client.settimeout(0.5)
+    return client
+
+
+def _connected(proxy: HoldingProxy) -> socket.socket:
+    """A client the proxy has answered once (it knows the connection)."""
+    client = _connect(proxy)
+    client.sendall(_request(API_VERSIONS, 1))
+    assert _answer(client) == 1
+    return client
+
+
+def _answer(client: socket.socket) -> int | None:
+    """The correlation id of the next answer; None when none comes (or the connection ended)."""
+    try:
+        data = client.recv(8)
+    except (TimeoutError, ConnectionResetError):
+        return None
+    return int(struct.unpack(">ii", data)[1]) if len(data) == 8 else None
+
+
+def test_a_cut_lets_the_request_through_and_nothing_after_it_either_way(
+    proxied: tuple[AnsweringServer, HoldingProxy],
+) -> None:
+    server, proxy = proxied
+    client = _connected(proxy)
+    assert proxy.cut_after(os.getpid(), END_TXN) == 1
+    client.sendall(_request(API_VERSIONS, 2))  # not the request the cut waits for: passes
+    assert _answer(client) == 2
+    client.sendall(_request(END_TXN, 3))
+    assert proxy.cut.wait(5)
+    assert _answer(client) is None  # it arrived, its answer does not
+    client.sendall(_request(API_VERSIONS, 4))
+    assert _answer(client) is None
+    assert server.received == [(API_VERSIONS, 1), (API_VERSIONS, 2), (END_TXN, 3)]
+    proxy.release()
+    assert _answer(client) is None  # reset
+    client.close()
+    again = _connect(proxy)  # after the release, a new connection works
+    again.sendall(_request(API_VERSIONS, 5))
+    assert _answer(again) == 5
+    again.close()
+    assert (API_VERSIONS, 4) not in server.received
+
+
+def test_a_cut_before_the_request_keeps_it_too(
+    proxied: tuple[AnsweringServer, HoldingProxy],
+) -> None:
+    server, proxy = proxied
+    client = _connected(proxy)
+    assert proxy.cut_after(os.getpid(), END_TXN, arrives=False) == 1
+    client.sendall(_request(END_TXN, 2))
+    assert proxy.cut.wait(5)
+    assert _answer(client) is None
+    proxy.release()
+    assert server.received == [(API_VERSIONS, 1)]
+    client.close()

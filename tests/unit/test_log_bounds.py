@@ -193,7 +193,12 @@ def test_a_poison_record_with_a_huge_topic_logs_and_fails_in_short_text(
         poison_policy="stop",
     )
     handler = PoisonPolicyHandler(
-        settings, Mock(), Mock(), ensure_topic=lambda topic: None, fail=failures.append
+        settings,
+        Mock(),
+        Mock(),
+        ensure_topic=lambda topic: None,
+        fail=failures.append,
+        wait_for_room=lambda: None,
     )
     refused = RefusedRecord(
         txn=Watermark(0).open(100),

@@ -47,6 +47,7 @@ ADAPTERS = {
     "replication/source.py",
     "replication/stream.py",
     "sweeper.py",
+    "waits.py",
 }
 
 # The oracle: refused for good at connect; what else START_REPLICATION answers for an operator.

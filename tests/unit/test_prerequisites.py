@@ -69,7 +69,7 @@ class FakeDatabase:
         raise AssertionError(f"unscripted query: {text}")
 
 
-ROLE_QUERY = "r.rolsuper, r.rolreplication FROM pg_roles"
+ROLE_QUERY = "r.rolsuper, r.rolreplication, "
 
 
 def first_row(
@@ -77,10 +77,14 @@ def first_row(
     wal_level: str = "logical",
     superuser: bool = False,
     replication: bool = True,
+    rds_replication: bool = False,
 ) -> dict[str, Any]:
     return {
-        ROLE_QUERY: [("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication)]
-    }
+        ROLE_QUERY: [
+            ("relay", str(version), "15.4 (Debian)", wal_level, superuser, replication,
+             rds_replication)
+        ]
+    }  # fmt: skip
 
 
 def settings(**values: object) -> Settings:
@@ -95,8 +99,12 @@ def settings(**values: object) -> Settings:
     return Settings.model_validate(base)
 
 
+# The partitioned outbox tables and whether the publication publishes them as their root.
+PARTITIONED = "pubviaroot FROM pg_publication"
+
+
 def checks(answers: Answers, **values: object) -> Prerequisites:
-    database = FakeDatabase({**first_row(), **answers})
+    database = FakeDatabase({**first_row(), PARTITIONED: [], **answers})
     return Prerequisites(cast(Connection, database), settings(**values))
 
 
@@ -139,7 +147,17 @@ def test_replication_role_passes_for_replication_or_superuser_and_fails_with_alt
     )
     database = FakeDatabase(first_row(replication=False))
     failed = unmet(Prerequisites(cast(Connection, database), settings()).server.replication_role)
-    assert failed.fix == "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION"
+    assert failed.fix == (
+        "role relay may not stream the WAL: run ALTER ROLE relay WITH REPLICATION (on Amazon RDS "
+        "and Aurora: GRANT rds_replication TO relay)"
+    )
+
+
+def test_replication_role_passes_for_a_member_of_rds_replication() -> None:
+    """RDS and Aurora stream for members of rds_replication, rolreplication false."""
+    database = FakeDatabase(first_row(replication=False, rds_replication=True))
+    server = Prerequisites(cast(Connection, database), settings()).server
+    assert server.replication_role() == "rds_replication"
 
 
 def test_a_dropped_role_stops_before_any_check() -> None:
@@ -201,7 +219,10 @@ def test_privileges_pass_with_the_sweepers_grants_and_name_what_is_missing() -> 
 
 # -- tables -----------------------------------------------------------------------------------
 
-TABLE_OID = {"FROM pg_class c JOIN pg_namespace n": [(16400,)]}
+TABLE_OID = {
+    "FROM pg_class c JOIN pg_namespace n": [(16400,)],
+    "SELECT relkind::text FROM pg_class": [("r",)],
+}
 ALL_COLUMNS = [
     (name,) for name in ("id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers")
 ]
@@ -265,6 +286,10 @@ def test_table_check_refuses_a_payload_of_another_type() -> None:
 PUBLICATION_ROW = "pg_get_userbyid(pubowner) FROM pg_publication"
 PUBLISHED = "FROM pg_publication_tables WHERE pubname"
 ROW_FILTERS = "t.rowfilter"
+COLUMN_LISTS = "attnames::text[]"
+EVERY_COLUMN = [
+    "id", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at"
+]  # fmt: skip
 
 
 def test_publication_passes_when_it_publishes_exactly_the_outbox_inserts() -> None:
@@ -272,6 +297,7 @@ def test_publication_passes_when_it_publishes_exactly_the_outbox_inserts() -> No
         PUBLICATION_ROW: [(False, True, False, False, False, "app")],
         PUBLISHED: [("public.outbox",)],
         ROW_FILTERS: [("public.outbox", None, True, False)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN)],
     }
     assert checks(answers).publication.publication() == (
         "outbox_pub (owner app) publishes inserts of public.outbox only"
@@ -284,7 +310,8 @@ def test_publication_fails_for_all_tables_with_the_replacement_in_one_transactio
     assert failed.fix.startswith("outbox_pub publishes ALL TABLES (Debezium's default)")
     assert failed.fix.endswith(
         'BEGIN; DROP PUBLICATION outbox_pub; CREATE PUBLICATION "outbox_pub" FOR TABLE '
-        '"public"."outbox" WITH (publish = \'insert\'); COMMIT;'
+        '"public"."outbox" WITH (publish = \'insert\', publish_via_partition_root = true); '
+        "COMMIT;"
     )
 
 
@@ -293,6 +320,7 @@ def test_publication_fails_for_extra_tables_and_actions_with_each_fix() -> None:
         PUBLICATION_ROW: [(False, True, False, True, False, "app")],
         PUBLISHED: [("public.outbox",), ("public.orders",)],
         ROW_FILTERS: [("public.outbox", None, True, False), ("public.orders", None, True, False)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN), ("public.orders", ["id"])],
     }
     failed = unmet(checks(answers).publication.publication)
     assert failed.fix == (
@@ -323,15 +351,50 @@ def test_a_missing_publication_says_who_may_create_it() -> None:
 def test_publication_covers_passes_for_none_yet_and_fails_for_a_table_it_lacks() -> None:
     absent: Answers = {"SELECT pubinsert FROM pg_publication": []}
     assert checks(absent).publication.publication_covers() == "outbox_pub does not exist yet"
-    lacking = {"SELECT pubinsert FROM pg_publication": [(True,)], PUBLISHED: []}
+    lacking = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [],
+        COLUMN_LISTS: [],
+    }
     assert unmet(checks(lacking).publication.publication_covers).fix == (
         "outbox_pub: it lacks public.outbox: run ALTER PUBLICATION outbox_pub ADD TABLE "
         "public.outbox"
     )
-    covered = {"SELECT pubinsert FROM pg_publication": [(True,)], PUBLISHED: [("public.outbox",)]}
+    covered = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [("public.outbox",)],
+        COLUMN_LISTS: [("public.outbox", EVERY_COLUMN)],
+    }
     assert checks(covered).publication.publication_covers() == (
         "outbox_pub publishes the inserts of every outbox table"
     )
+
+
+def test_a_column_list_without_a_column_the_relay_reads_fails_naming_the_fix() -> None:
+    """Rows would arrive without the column, to be dead-lettered: the relay does not start."""
+    answers = {
+        "SELECT pubinsert FROM pg_publication": [(True,)],
+        PUBLISHED: [("public.outbox",)],
+        COLUMN_LISTS: [("public.outbox", ["id", "aggregate_type", "event_type", "created_at"])],
+    }
+    filtered = checks(answers, outbox_row_filter="event_type = 'x'")
+    assert unmet(filtered.publication.publication_covers).fix == (
+        "outbox_pub: its column list for public.outbox lacks aggregate_id, payload, which the "
+        'relay reads: publish every column again: run ALTER PUBLICATION "outbox_pub" DROP '
+        'TABLE "public"."outbox"; ALTER PUBLICATION "outbox_pub" ADD TABLE "public"."outbox" '
+        "WHERE ((\"event_type\" = 'x'))"
+    )
+
+
+def test_a_view_under_the_outbox_tables_name_is_not_the_outbox() -> None:
+    """A renamed outbox whose old name a view keeps: the relay streams tables only."""
+    answers = {
+        "FROM pg_class c JOIN pg_namespace n": [(16400,)],
+        "SELECT relkind::text FROM pg_class": [("v",)],
+    }
+    prerequisites = checks(answers, sweep_interval=0)
+    failed = unmet(prerequisites.outbox.table_columns, prerequisites.tables[0])
+    assert failed.fix.startswith("is a view, not a table: the relay streams a table's inserts")
 
 
 # -- slot -------------------------------------------------------------------------------------
@@ -460,6 +523,7 @@ def test_report_names_every_check_in_the_order_check_prints_them() -> None:
         "slot",
         "messages",
         "leadership",
+        "waits",
         "failover",
         "wal2json",
     ]

@@ -7,6 +7,7 @@ dead-lettering, the ``stop`` policy, the idle advance and the clean shutdown.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from cdc_relay.errors import (
     LeadershipLost,
     PoisonRecordError,
     ProtocolError,
+    PublicationChanged,
     SinkUnavailable,
     StopSession,
 )
@@ -226,6 +228,60 @@ def test_the_stop_policy_fails_and_confirms_nothing_past_the_poison_record() -> 
     assert harness.sink.on_topic(DEAD_LETTER) == []
     first_commit = _commits(FRAMES)[0]
     assert harness.store.saved == [first_commit], "only the transaction before the poison row"
+
+
+def test_a_publication_changed_under_the_relay_stops_it_and_nothing_more_is_confirmed() -> None:
+    """A write of the position finds another publication: it writes nothing, the relay is told
+    to stop at once, and neither the loop nor the clean stop tries again."""
+    harness = Harness([*FRAMES, keepalive_frame(0x7000000)])
+    harness.store.changed_after = 0
+    harness.run()
+    assert isinstance(harness.owner.failure, PublicationChanged)
+    assert "changed under the relay" in str(harness.owner.failure)
+    assert harness.store.saved == []
+    assert harness.store.attempts == 1
+    assert all(flushed == 0 for _, flushed in harness.source.statuses)
+
+
+class _FullDeadLetterQueue(FakeSink):
+    """A producer whose queue has no room for the dead-letter topic, for ever (a broker that
+    never answers, with ``message.timeout.ms=0``); it counts the waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full_waits = 0
+
+    def produce_raw(self, topic: str, *args: Any) -> None:
+        if topic == DEAD_LETTER:
+            raise BufferError("Local: Queue full")
+        super().produce_raw(topic, *args)
+
+    def poll(self, timeout: float = 0) -> int:
+        self.full_waits += 1
+        return super().poll(timeout)
+
+
+def test_a_stop_ends_the_wait_for_room_in_a_full_queue_of_dead_letters() -> None:
+    sink = _FullDeadLetterQueue()
+    # SIGTERM once the second transaction's Begin is read: it may read on for 0.2 s, no longer.
+    harness = Harness(FRAMES, stop_after=5, sink=sink, shutdown_timeout=0.2)
+    sink.refuse_topics[TOPIC_CITY] = KafkaError.MSG_SIZE_TOO_LARGE
+    started = time.monotonic()
+    with pytest.raises(StopSession):
+        harness.session.stream()
+    assert time.monotonic() - started < 2.0
+    assert sink.full_waits > 0, "it did wait for room before the deadline"
+    harness.session.shutdown()
+    assert harness.store.saved == [_commits(FRAMES)[0]], "nothing past the refused row"
+
+
+def test_a_leader_that_lost_its_lease_stops_waiting_for_dead_letter_room() -> None:
+    sink = _FullDeadLetterQueue()
+    harness = Harness(FRAMES, sink=sink)
+    sink.refuse_topics[TOPIC_CITY] = KafkaError.MSG_SIZE_TOO_LARGE
+    harness.owner.leading = False
+    with pytest.raises(LeadershipLost):
+        harness.session.stream()
 
 
 def test_an_idle_outbox_follows_the_servers_wal_end() -> None:

@@ -4,16 +4,18 @@ the position carried from one session to the next, and the read-back from Kafka.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
 
 from cdc_relay.config import Settings
-from cdc_relay.errors import LeadershipLost, SlotInUse
+from cdc_relay.errors import LeadershipLost, PublicationChanged, SlotInUse
 from cdc_relay.observability.stats import RelayStats
+from cdc_relay.publication_stamp import PublicationStamp
 from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.start import StartSequence
-from tests.fakes import FakeLeadership, FakeStartDatabase, slot_at
+from tests.fakes import FakeLeadership, FakeStartDatabase, publication_stamp, slot_at
 
 OFFSETS: Offsets = {("orders", 0): 41}
 
@@ -60,6 +62,8 @@ def test_a_first_start_runs_in_the_readmes_order() -> None:
         "require",  # the start-up check, before standing by
         "ensure_table",
         "ensure_publication",  # its connection, fresh, is the first session's: not checked again
+        "publication_stamp",  # read, then verified: every write from here on proves it unchanged
+        "verify",
         "create_slot",
         ("save", database.wal_end, None, True),
         ("row_filters", False),
@@ -200,3 +204,70 @@ def test_a_session_resumes_carried_only_at_what_this_leadership_acknowledged() -
     sequence.forget()
     _start(sequence)
     assert not sequence.resumes_carried
+
+
+# -- the publication's stamp ---------------------------------------------------------------------
+
+
+def test_a_start_records_the_publication_it_verified() -> None:
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x3000
+    _start(_sequence(database))
+    assert database.recorded_stamp == database.publication.data
+    assert "restart_sweep_boundary" not in database.journal
+
+
+def test_a_publication_changed_since_the_record_names_the_rows_and_keeps_them_from_sweeps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Dropped from the publication and added again while no relay ran: the start cannot know
+    which rows pgoutput left out, so it names the transactions since the last check and takes
+    the sweep boundary afresh; the position acknowledged before is not carried past it."""
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x4000
+    sequence = _sequence(database)
+    _start(sequence)
+    sequence.carry(0x5000, OFFSETS)
+    database.checked_xid = 700
+    database.publication = publication_stamp(rel=["17000", "900"])
+    with caplog.at_level(logging.ERROR):
+        assert _start(sequence) == 0x4000
+    assert database.journal.count("restart_sweep_boundary") == 1
+    assert ("save", 0x5000, OFFSETS, False) not in database.journal
+    [named] = [r for r in caplog.records if "may not have been relayed" in r.getMessage()]
+    fields = named.__dict__["fields"]
+    assert (fields["from_xid"], fields["to_xid"]) == (700, 1000)
+    assert "public.outbox was dropped from publication cdc_relay_outbox" in fields["changes"]
+    assert sequence.stats.rows_in_doubt == fields  # and /status shows it
+    assert database.recorded_stamp == database.publication.data  # the next start names nothing
+
+
+def test_a_renamed_table_pgoutput_follows_names_no_rows(caplog: pytest.LogCaptureFixture) -> None:
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x3000
+    sequence = _sequence(database)
+    _start(sequence)
+    database.publication = publication_stamp(type_xmin="900")  # renamed and back
+    with caplog.at_level(logging.ERROR):
+        _start(sequence)
+    assert "restart_sweep_boundary" not in database.journal
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_change_while_the_start_runs_records_nothing() -> None:
+    """The stamp is read, then the publication verified: a change after the read makes the
+    next write (which checks it in its own statement) write nothing and raise."""
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x4000  # ahead of the slot: the start records it again
+    read = database.publication_stamp
+
+    def then_changed() -> PublicationStamp:
+        stamp = read()
+        database.publication = publication_stamp(rel=[])
+        return stamp
+
+    database.publication_stamp = then_changed  # type: ignore[method-assign]
+    with pytest.raises(PublicationChanged, match="changed under the relay"):
+        _start(_sequence(database))
+    assert ("save", 0x4000, None, False) not in database.journal
+    assert database.streams == []

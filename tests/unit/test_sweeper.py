@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,7 @@ from psycopg import sql
 from cdc_relay.config import OutboxColumns, OutboxTable, Settings, load_settings
 from cdc_relay.errors import ConfigError
 from cdc_relay.lsn import format_lsn, parse_lsn
-from cdc_relay.sweep_queries import select_page
+from cdc_relay.sweep_queries import Eligible, select_page
 from cdc_relay.sweeper import CandidateQueue, Pace, Sweeper, SweepResult, SweptBatch
 
 L1, L2, L3 = parse_lsn("0/100"), parse_lsn("0/200"), parse_lsn("0/300")
@@ -213,7 +214,8 @@ def _page(rows: list[tuple[str, str]]) -> tuple[int, list[object]]:
     swept = SimpleNamespace(
         table=OutboxTable(table="outbox"), key=("id",), key_types=[sql.SQL("uuid")], condition=None
     )
-    return select_page(_PageConn(rows), swept, None, 0, created_at=None, limit=len(rows) or 1)  # type: ignore[arg-type]
+    conn: Any = _PageConn(rows)
+    return select_page(conn, swept, None, Eligible(), created_at=None, limit=len(rows) or 1)
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))

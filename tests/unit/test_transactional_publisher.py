@@ -35,6 +35,9 @@ class Producer:
     def purge(self, **_: Any) -> None:
         return None
 
+    def close(self) -> bool:
+        return True
+
 
 def _publisher(errors: list[KafkaError]) -> tuple[Publisher, Producer]:
     publisher = Publisher(
@@ -87,3 +90,73 @@ def test_an_abort_is_a_best_effort() -> None:
     publisher, _ = _publisher([KafkaError(KafkaError._TIMED_OUT, retriable=True)])
     assert publisher.abort_transaction() is False
     assert publisher.abort_transaction() is True
+
+
+def _served_with_a_fence() -> SystemError:
+    """What confluent-kafka raises from a call that served librdkafka's fatal error and then
+    another callback: it raises the fatal error inside its error callback and leaves it set, so
+    the next callback it calls (a delivery report) returns with an exception set: SystemError,
+    raised from the fatal KafkaException."""
+    try:
+        raise KafkaException(
+            KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+        )
+    except KafkaException as fatal:
+        try:
+            raise SystemError(
+                "<built-in method on_delivery> returned a result with an exception set"
+            ) from fatal
+        except SystemError as served:
+            return served
+
+
+class ServingProducer(Producer):
+    """A producer whose calls that serve callbacks raise what a served fence raises."""
+
+    def serve(self, timeout: float = 0) -> int:
+        self.calls += 1
+        raise _served_with_a_fence()
+
+    init_transactions = commit_transaction = abort_transaction = poll = flush = serve
+
+
+def _serving_publisher() -> Publisher:
+    publisher, _ = _publisher([])
+    publisher._producer = ServingProducer([])  # type: ignore[assignment]
+    return publisher
+
+
+def test_a_fence_served_with_delivery_reports_while_closing_is_not_raised() -> None:
+    publisher = _serving_publisher()
+    publisher.close()  # a fenced producer being closed: nothing to stand by for but the close
+    assert publisher.fatal_error is not None
+    assert "fenced" in publisher.fatal_error
+
+
+def test_a_fence_served_with_delivery_reports_by_a_poll_is_a_lost_leadership() -> None:
+    publisher = _serving_publisher()
+    with pytest.raises(LeadershipLost, match="fenced"):
+        publisher.poll(0)
+
+
+def test_a_fence_served_with_delivery_reports_by_a_commit_is_a_lost_leadership() -> None:
+    publisher = _serving_publisher()
+    with pytest.raises(LeadershipLost, match="fenced"):
+        publisher.commit_transaction(lambda: None)
+
+
+def test_a_fence_served_with_delivery_reports_by_an_abort_is_a_failed_abort() -> None:
+    publisher = _serving_publisher()
+    assert publisher.abort_transaction() is False
+
+
+def test_a_non_kafka_error_a_callback_raised_is_not_taken_for_a_fence() -> None:
+    """A bug in a callback of ours is not disguised as an operating condition."""
+    publisher, producer = _publisher([])
+
+    def broken(timeout: float = 0) -> int:
+        raise SystemError("returned a result with an exception set") from ValueError("a bug")
+
+    producer.poll = broken  # type: ignore[method-assign]
+    with pytest.raises(SystemError):
+        publisher.poll(0)
