@@ -33,6 +33,9 @@ from cdc_relay.publication_stamp import PublicationStamp, StampQuery, change_err
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
 from cdc_relay.recovery.horizon import Fence, Horizon, HorizonTracker, Snapshot, horizon_from_json
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.loss import what_happened
+from cdc_relay.recovery.plan import Cause
 from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
 
 STATE_TABLE = "slot_position"
@@ -616,18 +619,13 @@ def check_missing_slot(slot_name: str, recorded: int | None, allow_reset: bool) 
     """
     if recorded is None:
         return None
-    gap = (
-        f"replication slot {slot_name!r} is missing, but the relay had confirmed up to "
-        f"{format_lsn(recorded)}: it was dropped after the relay used it, and events committed "
-        "after that and before a new slot would be skipped"
-    )
     if not allow_reset:
-        raise PositionMismatch(
-            f"{gap}. No new slot is created over that gap (the relay refuses to start, exit "
-            f"code {PositionMismatch.exit_code}): re-publish those events yourself (or accept "
-            f"the gap), then start the relay once with {_OVERRIDE}"
-        )
-    return f"{gap}; starting anyway because slot reset is allowed"
+        raise PositionMismatch(loss_refusal(slot_name, Cause.DROPPED, recorded, None))
+    gap = what_happened(slot_name, Cause.DROPPED, recorded, None)
+    return (
+        f"{gap}, and events committed after that and before a new slot are skipped; starting "
+        "anyway because slot reset is allowed"
+    )
 
 
 def resolve_start(

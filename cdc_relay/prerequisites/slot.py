@@ -14,6 +14,9 @@ from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetu
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.record_origin import history_switches, problem, refusal
+from cdc_relay.recovery.loss import invalidated
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.plan import Cause
 from cdc_relay.replication.failover import describe, promotion_note
 from cdc_relay.replication.source import SlotState, connect, plugin_missing, scalar
 from cdc_relay.replication.stream import timeline_history
@@ -44,12 +47,13 @@ class SlotChecks(Checks):
                 probe(slot)
             except Unmet as exc:
                 problems.append(exc.fix)
-        if slot.wal_status == "lost":
+        if invalidated(slot):
             problems.append(
-                f"{name} has lost WAL it needed (wal_status 'lost', see max_slot_wal_keep_size): "
-                "it can no longer stream, and events in the lost WAL were not relayed. Drop it; "
-                "then start the relay once with CDC_RELAY_ALLOW_SLOT_RESET=true and re-publish "
-                "what is missing"
+                loss_refusal(name, Cause.INVALIDATED, recorded or 0, slot)
+                if recorded is not None
+                else f"{name} was invalidated by the server (wal_status {slot.wal_status}): it can "
+                "never stream again. Drop it (SELECT pg_drop_replication_slot(...)): the relay "
+                "has recorded no position from it, so nothing was relayed from it"
             )
         confirmed = slot.confirmed_flush or 0
         origin = self._record_problem(confirmed)

@@ -60,7 +60,8 @@ def what_happened(slot_name: str, cause: Cause, recorded: int, slot: SlotState |
 def refusal(slot_name: str, cause: Cause, recorded: int, slot: SlotState | None) -> str:
     """Why the relay will not start, and the two ways on (exit code 4)."""
     return (
-        f"{what_happened(slot_name, cause, recorded, slot)}. Events committed since it last "
+        f"{what_happened(slot_name, cause, recorded, slot)}. No new slot is created over that "
+        "gap (the relay refuses to start, exit code 4), but the events committed since it last "
         "streamed are still in the outbox table (the sweeper never deletes an unpublished row). "
         f"Recover them: run `{RECOVER}` once (a new slot; every row the relay has not provably "
         f"published is published, in commit order, none twice), or start the relay with "

@@ -39,6 +39,7 @@ from tests.integration.relay_support import (
     wait_until,
     write_transactions,
 )
+from tests.integration.test_admin import cdc_relay
 from tests.kafka_helpers import consume_all
 
 pytestmark = [pytest.mark.integration]
@@ -221,8 +222,18 @@ def test_a_recovery_killed_half_way_finishes_without_a_duplicate(
         first.close()
     state = recovery_state(database, slot)
     assert state["state"] == "publishing"
+    shown = cdc_relay(env, "status").stdout
+    assert "recovery_state: publishing" in shown, shown
+    assert "recovery_rows: 100000" in shown, shown
+    # The relay will not stream before the recovery has ended.
+    refused = cdc_relay(env, "run", timeout=120)
+    assert refused.returncode == 4, refused.stdout
+    assert "a recovery of replication slot" in refused.stderr
     run = run_recover(env)
     assert run.code == 0, run.logs
+    shown = cdc_relay(env, "status").stdout
+    assert "recovery_state: done" in shown, shown
+    assert "recovery_done: 100000" in shown, shown
     committed = committed_rows(database)
     records = consume_covering(
         broker.bootstrap_servers, [f"{unique}.order"], {e for e, _ in committed}, 120
