@@ -472,6 +472,7 @@ class FakeStartStore:
             db.recorded_stamp,
             db.checked_xid,
             "2026-01-01 00:00:00+00",
+            recovery=db.recovery,
         )
 
     def save(
@@ -532,6 +533,7 @@ class FakeStartDatabase:
         self.wal_end: int | None = 0x10_000_000
         self.promoted_at: int | None = None  # where timeline_id began (a promotion)
         self.lease_ours = True
+        self.recovery: object = None  # a recovery's plan as recorded (JSON)
         self.streams: list[FakeStream] = []
         self.closed = False
 
