@@ -402,6 +402,7 @@ class StartSequence:
         settings = self.settings
         cause = slot_loss(slot, recorded)
         plan = in_progress(record.recovery)
+        self.stats.slot_lost = cause is not None or plan is not None
         if cause is None and plan is None:
             return slot, recorded
         if settings.allow_slot_reset:
@@ -423,6 +424,7 @@ class StartSequence:
         recovered = database.recover(
             record, cause or (plan.cause if plan else Cause.DROPPED), failover
         )
+        self.stats.slot_lost = False
         return recovered, recovered.confirmed_flush
 
     def _name_unrelayed(
