@@ -689,6 +689,15 @@ class Settings(BaseSettings):
             "in commit order, none twice."
         ),
     )
+    adopt_condition: str | None = Field(
+        None,
+        description=(
+            "At the first start (no recorded position): publish the outbox rows already in the "
+            "table that match this condition, e.g. published_at IS NULL, before streaming — "
+            "adopting a table a polling publisher used (stop it first). The row filter's "
+            "grammar; the row filter applies too."
+        ),
+    )
     slot_failover: SlotFailover = Field(
         SlotFailover.AUTO,
         description=(
@@ -861,7 +870,9 @@ class Settings(BaseSettings):
 
     # The rules (functions above the class), in the order they run. Each setting's own:
     _secrets_from_files = model_validator(mode="before")(_read_secret_files)
-    _condition = field_validator("outbox_row_filter", "sweep_condition")(_optional_condition)
+    _condition = field_validator("outbox_row_filter", "sweep_condition", "adopt_condition")(
+        _optional_condition
+    )
     _time_zone = field_validator("sweep_time_zone")(_check_time_zone)
     _allowlist = field_validator("topic_allowlist")(_check_allowlist)
     _database_url = field_validator("database_url")(_check_database_url)
@@ -1008,6 +1019,7 @@ SETTING_PARTS: dict[Part, tuple[str, ...]] = {
         "idle_confirm_interval",
         "shutdown_timeout",
         "on_slot_loss",
+        "adopt_condition",
         "allow_slot_reset",
     ),
     Part.LEADERSHIP: ("leader_lease_timeout", "leader_renew_interval"),

@@ -1,4 +1,4 @@
-"""``cdc-relay recover``: recover a lost replication slot once, then exit.
+"""``cdc-relay recover``: recover a lost replication slot once (or adopt a table), then exit.
 
 The relay's own start with ``CDC_RELAY_ON_SLOT_LOSS=recover`` (:mod:`cdc_relay.start.sequence`),
 run by itself: the command competes for the leadership like a relay (a relay that leads keeps
@@ -111,6 +111,8 @@ def _needed(settings: Settings) -> str | None:
     recorded = record.stamp.position if record.stamp is not None else None
     if slot_loss(slot, recorded) is not None or in_progress(record.recovery) is not None:
         return None
+    if recorded is None and slot is None and settings.adopt_condition is not None:
+        return None  # a first start that adopts the table
     name = settings.slot_name
     if recorded is None or slot is None:
         return f"nothing to recover: the relay has not recorded a position for slot {name}"

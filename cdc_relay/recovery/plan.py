@@ -22,13 +22,16 @@ import orjson
 from cdc_relay.lsn import format_lsn, parse_lsn
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets, position_prefix
 from cdc_relay.recovery.horizon import Horizon, Snapshot, horizon_from_json
+from cdc_relay.row_filter import ConditionError
+from cdc_relay.row_filter import parse as parse_condition
 
 
 class Cause(StrEnum):
-    """Why the slot had to be recovered."""
+    """Why rows are published from the table: the slot was lost, or a table is adopted."""
 
     DROPPED = "dropped"  # the slot is gone
     INVALIDATED = "invalidated"  # the server gave up its WAL (max_slot_wal_keep_size, idle time)
+    ADOPTED = "adopted"  # the first start publishes the rows already there (CDC_RELAY_ADOPT_...)
 
 
 class State(StrEnum):
@@ -56,6 +59,7 @@ class Plan:
     in_kafka: int = 0  # rows found in Kafka (published before the loss, or by an earlier run)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    condition: str | None = None  # adopted: the rows it publishes (the row filter's grammar)
 
     @property
     def record_lsn(self) -> int:
@@ -93,6 +97,7 @@ class Plan:
             "in_kafka": self.in_kafka,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "condition": self.condition,
         }
 
     @property
@@ -116,6 +121,15 @@ class Plan:
 
 
 _COUNTS = ("rows", "done", "published", "dead_lettered", "in_kafka")
+
+
+def parsed_condition(text: str) -> bool:
+    """``text`` is a condition of the row filter's grammar (parsed in linear time)."""
+    try:
+        parse_condition(text)
+    except ConditionError:
+        return False
+    return True
 
 
 def _need(condition: bool) -> None:
@@ -146,6 +160,8 @@ def plan_from_json(value: object) -> Plan | None:
         _need(offsets is not None and noted is not None and type(started) in (int, float))
         _need(finished is None or type(finished) in (int, float))
         order = value.get("commit_order")
+        condition = value.get("condition")
+        _need(condition is None or (isinstance(condition, str) and parsed_condition(condition)))
         return Plan(
             cause=Cause(str(value.get("cause"))),
             state=State(str(value.get("state"))),
@@ -159,6 +175,7 @@ def plan_from_json(value: object) -> Plan | None:
             noted=noted or {},
             started_at=float(str(started)),
             finished_at=None if finished is None else float(str(finished)),
+            condition=None if condition is None else str(condition),
             **{name: int(str(count)) for name, count in counts.items()},
         )
     except (ValueError, orjson.JSONDecodeError):

@@ -58,14 +58,38 @@ class RecoveryRecord:
         self._slot = slot
         self._holder = holder
 
+    def begin(self, plan: Plan) -> None:
+        """Keep ``plan`` in a record of its own: adopting a table at the first start, when
+        there is none yet. Its position (0/0) and missing sweep boundary cover no row: no sweeper
+        deletes anything on it."""
+        lease = (
+            sql.SQL(
+                "FROM (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) lease"
+            ).format(self._lease)
+            if self._holder is not None
+            else sql.SQL("")
+        )
+        leased = (self._slot, self._holder) if self._holder is not None else ()
+        query = sql.SQL(
+            "INSERT INTO {} (slot_name, confirmed_lsn, recovery) SELECT %s, '0/0', %s::jsonb {} "
+            "ON CONFLICT (slot_name) DO UPDATE SET recovery = EXCLUDED.recovery"
+        ).format(self._table, lease)
+        with (
+            mapped(During.STATEMENT, "cannot record the adoption"),
+            self._watched("recording the adoption's plan", POSITION_MEANS),
+        ):
+            cursor = self._conn.execute(query, (self._slot, plan.text, *leased))
+        if self._holder is not None:
+            fenced(cursor.rowcount, "the adoption was not recorded")
+
     def write(self, plan: Plan) -> None:
         """Keep ``plan`` (its state and progress)."""
         self._update(sql.SQL("recovery = %s::jsonb"), (plan.text,), "the recovery's progress")
 
-    def finish(self, plan: Plan, offsets: Offsets, horizon: Horizon) -> None:
+    def finish(self, plan: Plan, offsets: Offsets, horizon: Horizon | None) -> None:
         """The end: the new slot's start is the position, ``offsets`` (acknowledged at the
-        recovery's last record) the offsets, ``horizon`` what the record proves, and ``plan``
-        kept as done."""
+        recovery's last record) the offsets, ``horizon`` what the record proves (None: nothing
+        yet, an adoption's), and ``plan`` kept as done."""
         self._update(
             sql.SQL(
                 "confirmed_lsn = %s::pg_lsn, acked_offsets = %s::jsonb, written_from = NULL, "
@@ -74,7 +98,7 @@ class RecoveryRecord:
             (
                 format_lsn(plan.slot_lsn),
                 encode_offsets(offsets).decode(),
-                horizon.text,
+                None if horizon is None else horizon.text,
                 plan.text,
             ),
             "the recovery's end",

@@ -2,12 +2,13 @@
 have sent them. SQL only through ``psycopg.sql``.
 
 *Which rows* (:class:`Scope`, the argument is :mod:`cdc_relay.recovery`'s): of a transaction at or
-after the sweep boundary, matching the table's row filter, not proven published by the horizon
-(a transaction id below its snapshot's ``xmin``), and — in a recovery started again without the
-exported snapshot — visible in that snapshot (``pg_visible_in_snapshot``: the exported snapshot
-lists every transaction it does not see, subtransactions included). A row's 64-bit transaction id
-is derived from its 32-bit ``xmin`` and the statement's next id, exact for rows younger than 2^32
-transactions (as the sweeper's boundary is, :mod:`cdc_relay.sweep_queries`).
+after the sweep boundary, matching the table's row filter (and, adopting a table, the adoption's
+condition), not proven published by the horizon (a transaction id below its snapshot's ``xmin``),
+and — in a recovery started again without the exported snapshot — visible in that snapshot
+(``pg_visible_in_snapshot``: the exported snapshot lists every transaction it does not see,
+subtransactions included). A row's 64-bit transaction id is derived from its 32-bit ``xmin`` and
+the statement's next id, exact for rows younger than 2^32 transactions (as the sweeper's boundary
+is, :mod:`cdc_relay.sweep_queries`).
 
 *In which order*: by commit time (``pg_xact_commit_timestamp``, with ``track_commit_timestamp``
 on), else by transaction id; within a transaction by the command that inserted the row
@@ -36,6 +37,7 @@ from cdc_relay.decode.messages import Relation, RelationColumn, TupleData
 from cdc_relay.errors import SourceSetupError
 from cdc_relay.recovery.horizon import Snapshot
 from cdc_relay.replication.source import missing_table_hint, relation_oid
+from cdc_relay.row_filter import Condition
 
 Connection = psycopg.Connection[Any]
 
@@ -65,6 +67,7 @@ class Scope:
     proven_below: int | None  # rows of transactions below this are proven published
     snapshot: Snapshot | None  # without the exported snapshot: the rows it sees
     commit_timestamps: bool
+    condition: Condition | None = None  # adopting a table: the rows still to publish
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,9 @@ def _conditions(source: Source, scope: Scope) -> tuple[sql.Composable, list[obje
             sql.SQL("pg_visible_in_snapshot({}::text::xid8, %s::pg_snapshot)").format(_IMAGE)
         )
         params.append(scope.snapshot.text)
-    condition = source.table.filter
-    if condition is not None:
-        conditions.append(condition.render())
+    for condition in (source.table.filter, scope.condition):
+        if condition is not None:
+            conditions.append(condition.render())
     return sql.SQL(" AND ").join(conditions), params
 
 

@@ -49,6 +49,7 @@ from cdc_relay.recovery.rows import (
 )
 from cdc_relay.replication.exported_slot import SlotWithSnapshot
 from cdc_relay.replication.source import connect, drop_slot, slot_state
+from cdc_relay.row_filter import parse as parse_condition
 from cdc_relay.waits import SLOT_MEANS, START_MEANS, WaitWatch, Watched, unwatched
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,10 @@ class Recovery:
             plan = self._plan(record, cause)
         self._report(plan)
         if plan.state is State.CREATING:
-            self.record.write(plan)
+            if plan.cause is Cause.ADOPTED:
+                self.record.begin(plan)  # the first start: no record yet
+            else:
+                self.record.write(plan)
             self._drop_slot()
             with SlotWithSnapshot(
                 self.settings.source_url(),
@@ -160,6 +164,16 @@ class Recovery:
             reader.close()
 
     def _plan(self, record: Record, cause: Cause) -> Plan:
+        if cause is Cause.ADOPTED:
+            # Every row of the table is the relay's to judge: the condition says which are owed.
+            return Plan(
+                cause=cause,
+                state=State.CREATING,
+                boundary=0,
+                lost_at=0,
+                horizon=None,
+                condition=self.settings.adopt_condition,
+            )
         if record.stamp is None:
             raise PositionMismatch("there is no recorded position to recover from")
         if record.sweep_from_xid is None:
@@ -265,6 +279,7 @@ class Recovery:
             proven_below=None if horizon is None else horizon.snapshot.xmin,
             snapshot=None if in_snapshot else plan.snapshot,
             commit_timestamps=plan.commit_order == "commit_timestamp",
+            condition=None if plan.condition is None else parse_condition(plan.condition),
         )
 
     def _sources(self, reader: Connection) -> list[Source]:
@@ -281,7 +296,8 @@ class Recovery:
 
         settings = self.settings
         horizon = plan.horizon
-        recorded = self._recorded_partitions()
+        adopting = plan.cause is Cause.ADOPTED  # nothing of this slot was published before
+        recorded = set() if adopting else self._recorded_partitions()
         earlier_starts = None if horizon is None else read_starts(horizon.offsets, horizon.noted)
         own_starts = read_starts(plan.offsets, plan.noted)
         everything = recorded | set(own_starts) | set(earlier_starts or {})
@@ -298,7 +314,7 @@ class Recovery:
         )
         if self.stopping():
             raise RecoveryStopped("a stop was requested during the recovery's read-back")
-        if horizon is None and plan.rows:
+        if horizon is None and plan.rows and not adopting:
             earlier.give_up(
                 "the position record proves nothing published (no horizon of this sweep "
                 "boundary: the relay that wrote it predates it, or its boundary was taken anew)"

@@ -12,7 +12,7 @@ from cdc_relay.errors import LeadershipLost, SinkUnavailable, StopSession
 from cdc_relay.postgres_errors import During, mapped
 from cdc_relay.publisher import Publisher
 from cdc_relay.reconcile import Offsets
-from cdc_relay.recovery.plan import Plan, State
+from cdc_relay.recovery.plan import Cause, Plan, State
 from cdc_relay.recovery.publishing import RecoveryPublisher
 from cdc_relay.recovery.record import horizon_after
 from cdc_relay.recovery.rows import merged
@@ -139,7 +139,9 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
             state=State.DONE, done=done, offsets=offsets, finished_at=time.time(),
             **sending.counts(),
         )  # fmt: skip
-        recovery.record.finish(plan, offsets, horizon_after(plan, found.starts))
+        # An adoption's rows predate the sweep boundary the relay takes next: nothing proven yet.
+        horizon = None if plan.cause is Cause.ADOPTED else horizon_after(plan, found.starts)
+        recovery.record.finish(plan, offsets, horizon)
         recovery.on_progress(plan)
         log.info("recovered the slot", extra={"fields": plan.summary()})
         return plan

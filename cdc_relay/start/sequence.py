@@ -400,8 +400,19 @@ class StartSequence:
         recover``), or — with ``CDC_RELAY_ALLOW_SLOT_RESET`` — an invalidated slot dropped, so
         that a new one is created over the gap. The slot and recorded position to go on with."""
         settings = self.settings
-        cause = slot_loss(slot, recorded)
         plan = in_progress(record.recovery)
+        if plan is not None and plan.cause is Cause.ADOPTED:
+            adopted = database.recover(record, Cause.ADOPTED, failover)  # an adoption resumed
+            return adopted, adopted.confirmed_flush
+        if slot is None and recorded is None and settings.adopt_condition is not None:
+            log.info(
+                "adopting the outbox: publishing the rows already there that match "
+                f"{env_name('adopt_condition')} before streaming",
+                extra={"fields": {"condition": settings.adopt_condition}},
+            )
+            adopted = database.recover(record, Cause.ADOPTED, failover)
+            return adopted, adopted.confirmed_flush
+        cause = slot_loss(slot, recorded)
         self.stats.slot_lost = cause is not None or plan is not None
         if cause is None and plan is None:
             return slot, recorded

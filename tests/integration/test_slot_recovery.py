@@ -398,3 +398,55 @@ def test_exactly_once_a_recovery_sends_each_event_once_to_read_committed_consume
     assert verdict.duplicates == 0, logs
     assert verdict.out_of_order == 0
     assert "recovered the slot" in logs
+
+
+def test_a_first_start_adopts_the_rows_a_polling_publisher_left_unpublished(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE outbox ADD COLUMN published_at timestamptz")
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    write_bulk(database, 1000, 100)
+    # The polling publisher sent the first 400 (and marked them) before it was stopped.
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET published_at = now() WHERE (payload->>'n')::int < 400")
+    committed = [
+        (event_id, aggregate)
+        for event_id, aggregate in committed_rows(database)
+        if event_id
+        not in {
+            str(r[0])
+            for r in psycopg.connect(database, autocommit=True)
+            .execute("SELECT id FROM outbox WHERE published_at IS NOT NULL")
+            .fetchall()
+        }
+    ]
+    env = relay_env(
+        database,
+        broker.bootstrap_servers,
+        unique,
+        adopt_condition="published_at IS NULL",
+    )
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming(120)
+        after = [new_event(aggregate_id=f"a-{i}", payload={"n": 5000 + i}) for i in range(10)]
+        write_transactions(database, [after])
+        committed += [(e.id, e.aggregate_id) for e in after]
+        records = consume_covering(
+            broker.bootstrap_servers, [topic], {e for e, _ in committed}, 120
+        )
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    verdict = judge(records, committed)
+    assert len(committed) == 610
+    assert not verdict.missing, logs
+    assert verdict.duplicates == 0
+    assert len(records) == 610, "the 400 rows the polling publisher sent are not sent again"
+    assert verdict.out_of_order == 0
+    assert "cause=adopted" in logs
+    assert recovery_state(database, f"slot_{unique}")["state"] == "done"

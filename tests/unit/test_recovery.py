@@ -226,3 +226,25 @@ def test_accepting_the_gap_drops_an_invalidated_slot_and_creates_one() -> None:
     database.recorded = 0x3000
     assert _start(_sequence(database, allow_slot_reset=True)) == database.wal_end
     assert database.journal.index("drop_slot") < database.journal.index("create_slot")
+
+
+def test_a_first_start_with_an_adoption_condition_adopts_then_streams() -> None:
+    database = FakeStartDatabase(FakeLeadership())
+    start = _start(_sequence(database, adopt_condition="published_at IS NULL"))
+    assert start == database.wal_end
+    assert ("recover", "adopted") in database.journal
+    assert "create_slot" not in database.journal  # the adoption created it, with its snapshot
+
+
+def test_the_condition_applies_only_to_a_first_start() -> None:
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x3000
+    _start(_sequence(database, adopt_condition="published_at IS NULL"))
+    assert not any(isinstance(entry, tuple) and entry[0] == "recover" for entry in database.journal)
+
+
+def test_an_adoptions_condition_must_be_of_the_row_filters_grammar() -> None:
+    adopted = _plan(cause=Cause.ADOPTED, condition="published_at IS NULL")
+    assert plan_from_json(adopted.text) == adopted
+    forged = {**adopted.to_json(), "condition": "1 = 1; DROP TABLE outbox"}
+    assert plan_from_json(forged) is None
