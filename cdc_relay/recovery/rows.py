@@ -24,8 +24,8 @@ publication's column list if it has one, in column order, with its type's oid.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -68,6 +68,8 @@ class Scope:
     snapshot: Snapshot | None  # without the exported snapshot: the rows it sees
     commit_timestamps: bool
     condition: Condition | None = None  # adopting a table: the rows still to publish
+    # More of each table's conditions, by table (a replay's selection), with their parameters.
+    extra: Mapping[str, tuple[sql.Composable, tuple[object, ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,10 @@ def _conditions(source: Source, scope: Scope) -> tuple[sql.Composable, list[obje
     for condition in (source.table.filter, scope.condition):
         if condition is not None:
             conditions.append(condition.render())
+    extra = scope.extra.get(source.table.table)
+    if extra is not None:
+        conditions.append(extra[0])
+        params.extend(extra[1])
     return sql.SQL(" AND ").join(conditions), params
 
 

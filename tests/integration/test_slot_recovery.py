@@ -13,6 +13,7 @@ import pytest
 
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.reconcile import POSITION_HEADER
 from tests.conftest import LOCAL_POSTGRES_SETTINGS, KafkaBroker, skip_if_external
 from tests.integration.recovery_support import (
     Writer,
@@ -36,6 +37,7 @@ from tests.integration.relay_support import (
     new_event,
     relay_env,
     scalar,
+    streaming_relay,
     wait_until,
     write_transactions,
 )
@@ -450,3 +452,44 @@ def test_a_first_start_adopts_the_rows_a_polling_publisher_left_unpublished(
     assert verdict.out_of_order == 0
     assert "cause=adopted" in logs
     assert recovery_state(database, f"slot_{unique}")["state"] == "done"
+
+
+def test_republish_replays_retained_rows_by_aggregate_and_time_marked_as_a_replay(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    create_outbox(database)
+    topic, replay = f"{unique}.order", f"{unique}.replay"
+    broker.create_topic(topic, partitions=3)
+    broker.create_topic(replay, partitions=1)
+    env = relay_env(database, broker.bootstrap_servers, unique)
+    orders = [new_event(aggregate_id=f"a-{i % 3}", payload={"n": i}) for i in range(30)]
+    cities = [new_event(aggregate_type="city", aggregate_id="c-1") for _ in range(5)]
+    with streaming_relay(env):
+        write_transactions(database, [[e] for e in orders[:20]] + [cities])
+        consume_all(broker.bootstrap_servers, [topic], 20, 30)
+        middle = scalar(database, "SELECT now()::text")
+        write_transactions(database, [[e] for e in orders[20:]])
+        consume_all(broker.bootstrap_servers, [topic], 30, 30)
+
+    counted = cdc_relay(env, "republish", "--aggregate-type", "order", "--dry-run")
+    assert counted.returncode == 0, counted.stderr
+    assert "30 retained row(s) selected; nothing sent" in counted.stdout
+    sent = cdc_relay(env, "republish", "--aggregate-type", "order", "--to-topic", replay)
+    assert sent.returncode == 0, sent.stderr
+    assert "republished 30 of 30 retained row(s)" in sent.stdout
+    records = consume_all(broker.bootstrap_servers, [replay], 30, 30, grace=1.0)
+    assert [r.header("id") for r in records] == [e.id.encode() for e in orders]  # commit order
+    marks = {r.header("cdc_relay.replay") for r in records}
+    assert len(marks) == 1
+    assert (next(iter(marks)) or b"").startswith(f"slot_{unique}/".encode())
+    assert not any(r.header(POSITION_HEADER) for r in records)  # never taken for the relay's own
+
+    later = cdc_relay(env, "republish", "--aggregate-type", "order", "--from", str(middle))
+    assert later.returncode == 0, later.stderr
+    again = consume_all(broker.bootstrap_servers, [topic], 40, 30, grace=1.0)
+    replayed = [r for r in again if r.header("cdc_relay.replay")]
+    # To their own topic (three partitions): the ten created since, each aggregate's in order.
+    assert sorted(r.header("id") or b"" for r in replayed) == sorted(
+        e.id.encode() for e in orders[20:]
+    )
+    assert judge(replayed, [(e.id, e.aggregate_id) for e in orders[20:]]).out_of_order == 0

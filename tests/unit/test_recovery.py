@@ -248,3 +248,29 @@ def test_an_adoptions_condition_must_be_of_the_row_filters_grammar() -> None:
     assert plan_from_json(adopted.text) == adopted
     forged = {**adopted.to_json(), "condition": "1 = 1; DROP TABLE outbox"}
     assert plan_from_json(forged) is None
+
+
+# -- republish's selection ---------------------------------------------------------------------
+
+
+def test_a_replays_selection_is_checked_before_anything_is_read() -> None:
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from cdc_relay.commands.republish import parse_time  # noqa: PLC0415
+    from cdc_relay.config import OutboxColumns, OutboxTable  # noqa: PLC0415
+    from cdc_relay.errors import ConfigError  # noqa: PLC0415
+    from cdc_relay.recovery.replay import Selection  # noqa: PLC0415
+
+    table = OutboxTable(table="public.outbox")
+    no_time = OutboxTable(table="public.other", columns=OutboxColumns(created_at=None))
+    Selection(aggregate_type="order", topic="orders.replay").check((table, no_time))
+    with pytest.raises(ConfigError, match="legal Kafka topic"):
+        Selection(topic="no spaces!").check((table,))
+    with pytest.raises(ConfigError, match="created_at"):
+        Selection(since=datetime(2026, 1, 1, tzinfo=UTC)).check((table, no_time))
+    with pytest.raises(ConfigError, match="before --until"):
+        moment = datetime(2026, 1, 1, tzinfo=UTC)
+        Selection(since=moment, until=moment).check((table,))
+    assert parse_time("2026-11-28T13:00:00") == datetime(2026, 11, 28, 13, tzinfo=UTC)
+    with pytest.raises(ConfigError, match="ISO 8601"):
+        parse_time("yesterday")
