@@ -268,8 +268,8 @@ def test_a_replays_selection_is_checked_before_anything_is_read() -> None:
         Selection(topic="no spaces!").check((table,))
     with pytest.raises(ConfigError, match="created_at"):
         Selection(since=datetime(2026, 1, 1, tzinfo=UTC)).check((table, no_time))
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
     with pytest.raises(ConfigError, match="before --until"):
-        moment = datetime(2026, 1, 1, tzinfo=UTC)
         Selection(since=moment, until=moment).check((table,))
     assert parse_time("2026-11-28T13:00:00") == datetime(2026, 11, 28, 13, tzinfo=UTC)
     with pytest.raises(ConfigError, match="ISO 8601"):
