@@ -133,19 +133,14 @@ class RecoveryPublisher:
     def publish(self, row: Row, mapping: OutboxMapping, record: RecordFields) -> None:
         """Send ``record`` (``mapping.map_fields(row.values)``), or dead-letter what cannot go."""
         txn = self._batch(row.ordinal)
-        topic, key, value, headers, event_id, _traceparent = record
+        topic, key, value, headers, _event_id, _traceparent = record
         headers.append((POSITION_HEADER, self.position(row.ordinal)))
         table = mapping.table
         if topic not in self.known_topics:
             try:
                 self.ensure_topic(topic)
             except ProduceRefused as missing:
-                self.poison.refuse(
-                    RefusedRecord(
-                        txn=txn, table=table, reason=missing.reason, code=missing.name,
-                        event_id=event_id, topic=topic, key=key, value=value, headers=headers,
-                    )
-                )  # fmt: skip
+                self.poison.refuse(RefusedRecord.of_record(txn, table, record, missing))
                 self._rows_passed()
                 return
         on_delivery = MethodType(self.tracker.on_delivery, (txn, table, topic, headers))
@@ -158,13 +153,7 @@ class RecoveryPublisher:
             except ProduceRefused as refused:
                 if not refused.permanent:
                     raise SinkUnavailable(f"producing failed: {refused.reason}") from None
-                self.poison.refuse(
-                    RefusedRecord(
-                        txn=txn, table=table, reason=refused.reason, code=refused.name,
-                        event_id=event_id, topic=topic, key=key, value=value, headers=headers,
-                        too_large=refused.too_large,
-                    )
-                )  # fmt: skip
+                self.poison.refuse(RefusedRecord.of_record(txn, table, record, refused))
                 self._rows_passed()
                 return
             break

@@ -17,7 +17,15 @@ import psycopg
 
 from cdc_relay.local.relay_process import peak_rss_mb
 from cdc_relay.reconcile import POSITION_HEADER
-from tests.integration.relay_support import RelayProcess, insert_events, new_event, scalar
+from tests.integration.relay_support import (
+    RelayProcess,
+    insert_events,
+    new_event,
+    scalar,
+    wait_until,
+    write_transactions,
+)
+from tests.integration.test_relay_faults import _BackgroundWriter
 from tests.kafka_helpers import Record, consume_all
 
 
@@ -136,19 +144,25 @@ class Verdict:
     position_duplicates: int
     out_of_order: int  # aggregates whose first occurrences are not in commit order
 
-    @property
-    def exact(self) -> bool:
-        return not self.missing and not self.duplicates and not self.out_of_order
+    def check(self, what: str, logs: str = "") -> None:
+        """Print the figures; every event once, each aggregate's first occurrences in order."""
+        print(
+            f"\n{what}: {self.committed} events, {len(self.missing)} lost, {self.duplicates} "
+            f"duplicates, {self.out_of_order} aggregates out of order"
+        )
+        assert not self.missing, logs
+        assert self.duplicates == 0, logs
+        assert self.position_duplicates == 0, logs
+        assert self.out_of_order == 0, logs
 
 
-def judge(records: Sequence[Record], committed: Sequence[tuple[str, str]]) -> Verdict:
-    """``committed``: (event id, aggregate id) in commit order. First occurrences of each
-    aggregate's events must come in that order (Kafka keeps order per partition, and a key's
+def judge(records: Sequence[Record], committed: Sequence[str]) -> Verdict:
+    """``committed``: event ids in commit order. First occurrences of each aggregate's events
+    (by the record's key) must come in that order (Kafka keeps order per partition, and a key's
     records share one)."""
     ids = event_ids(records)
     counts = Counter(ids)
-    wanted = {event_id for event_id, _ in committed}
-    order = {event_id: index for index, (event_id, _) in enumerate(committed)}
+    order = {event_id: index for index, event_id in enumerate(committed)}
     seen: set[str] = set()
     by_aggregate: dict[bytes, list[int]] = {}
     for record in records:
@@ -160,65 +174,36 @@ def judge(records: Sequence[Record], committed: Sequence[tuple[str, str]]) -> Ve
     positions = [r.header(POSITION_HEADER) for r in records]
     return Verdict(
         committed=len(committed),
-        missing=wanted - set(ids),
-        duplicates=sum(n - 1 for event_id, n in counts.items() if event_id in wanted and n > 1),
+        missing=set(order) - set(ids),
+        duplicates=sum(n - 1 for event_id, n in counts.items() if event_id in order and n > 1),
         position_duplicates=len(positions) - len(set(positions)),
         out_of_order=sum(1 for firsts in by_aggregate.values() if firsts != sorted(firsts)),
     )
 
 
-class Writer:
-    """Commits small transactions on one connection until stopped: the commit order is the order
-    of :attr:`committed` (event id, aggregate id)."""
+def wrote(writer: _BackgroundWriter, more: int) -> None:
+    """Until ``writer`` committed ``more`` events after those so far."""
+    count = len(writer.committed) + more
+    wait_until(lambda: len(writer.committed) >= count, 60, f"the writer's {count} events")
 
-    def __init__(self, url: str, per_txn: int = 5, aggregates: int = 13, pause: float = 0.002):
-        self.url = url
-        self.per_txn = per_txn
-        self.aggregates = aggregates
-        self.pause = pause
-        self.committed: list[tuple[str, str]] = []
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
 
-    def _run(self) -> None:
-        n = 0
-        try:
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                while not self._stop.is_set():
-                    events = [
-                        new_event(
-                            aggregate_id=f"a-{(n + i) % self.aggregates}", payload={"n": n + i}
-                        )
-                        for i in range(self.per_txn)
-                    ]
-                    with conn.transaction():
-                        insert_events(conn, events)
-                    self.committed.extend((e.id, e.aggregate_id) for e in events)
-                    n += self.per_txn
-                    if self.pause:
-                        time.sleep(self.pause)
-        except Exception as exc:
-            self.error = repr(exc)
-
-    def __enter__(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    def wait_for(self, count: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.committed) < count:
-            assert self.error is None, self.error
-            assert time.monotonic() < deadline, f"the writer wrote {len(self.committed)} events"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        assert self.error is None, self.error
+def stream_and_read(
+    env: dict[str, str], broker: str, topic: str, committed: Sequence[str]
+) -> tuple[list[Record], list[str], str]:
+    """A relay started with ``env`` streams; five more events are written; everything read back
+    once all arrived. The records, the event ids in commit order, and the relay's log."""
+    database = env["CDC_RELAY_DATABASE_URL"]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming(120)
+        after = [new_event(aggregate_id=f"a-{i}", payload={"n": -i}) for i in range(5)]
+        write_transactions(database, [after])
+        everything = [*committed, *(e.id for e in after)]
+        records = consume_covering(broker, [topic], set(everything), 120)
+        assert relay.stop() == 0
+        return records, everything, relay.logs()
+    finally:
+        relay.close()
 
 
 def write_bulk(database: str, events: int, per_txn: int, aggregates: int = 97) -> None:
@@ -234,14 +219,15 @@ def write_bulk(database: str, events: int, per_txn: int, aggregates: int = 97) -
             )
 
 
-def committed_rows(database: str) -> list[tuple[str, str]]:
-    """Every outbox row as (event id, aggregate id), in commit order — for a table written by
-    one session, one transaction after another: transaction id, then place."""
+def committed_rows(database: str, where: str = "true") -> list[str]:
+    """The outbox rows' event ids (of ``where``, a trusted literal condition), in commit order —
+    for a table written by one session, one transaction after another: transaction id, then
+    place."""
     with psycopg.connect(database, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT id::text, aggregate_id FROM outbox ORDER BY xmin::text::int8, ctid"
+            f"SELECT id::text FROM outbox WHERE {where} ORDER BY xmin::text::int8, ctid".encode()
         ).fetchall()
-    return [(str(event_id), str(aggregate)) for event_id, aggregate in rows]
+    return [str(event_id) for (event_id,) in rows]
 
 
 def write_contended(database: str, writers: int, transactions: int, aggregates: int = 5) -> None:

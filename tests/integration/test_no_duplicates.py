@@ -58,6 +58,25 @@ def _consume_covering(bootstrap: str, topic: str, ids: set[str], timeout: float)
         time.sleep(1.0)
 
 
+def _restart_and_count(
+    env: dict[str, str], broker: KafkaBroker, topic: str, committed: list[str]
+) -> tuple[list[Record], int, int]:
+    """A relay started again reads on until every committed event arrived: what arrived, and
+    how many duplicates by id and by position (none may be missing)."""
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    missing = set(committed) - set(_ids(records))
+    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{logs}"
+    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
+    return records, _duplicates(list(_ids(records))), by_position
+
+
 @pytest.mark.parametrize("reconcile", ["false", "true"])
 def test_kill_9_repeatedly_with_writers_running(
     database: str, broker: KafkaBroker, unique: str, reconcile: str
@@ -73,20 +92,8 @@ def test_kill_9_repeatedly_with_writers_running(
         kill_while_writing(relay, env, writer, kills, 800)
     committed = [event_id for event_id, _ in writer.committed]
 
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
-        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
-        assert relay.stop() == 0
-        logs = relay.logs()
-    finally:
-        relay.close()
-
+    records, by_id, by_position = _restart_and_count(env, broker, topic, committed)
     ids = _ids(records)
-    missing = set(committed) - set(ids)
-    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{logs}"
-    by_id = _duplicates(list(ids))
-    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
     assert all(r.header(POSITION_HEADER) for r in records)
     print(
         f"\nreconcile={reconcile}: {len(committed)} events, {kills} x kill -9: "
@@ -123,19 +130,7 @@ def test_kill_9_and_a_slot_dropped_with_writers_running_lose_and_repeat_nothing(
             relay.close()
     committed = [event_id for event_id, _ in writer.committed]
 
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
-        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
-        assert relay.stop() == 0
-        logs = relay.logs()
-    finally:
-        relay.close()
-    ids = _ids(records)
-    missing = set(committed) - set(ids)
-    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{recovered}\n{logs}"
-    by_id = _duplicates(list(ids))
-    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
+    _, by_id, by_position = _restart_and_count(env, broker, topic, committed)
     print(
         f"\n{len(committed)} events, 3 x kill -9 and a dropped slot: {by_id} duplicates by id, "
         f"{by_position} by position"
