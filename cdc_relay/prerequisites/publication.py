@@ -41,8 +41,9 @@ class PublicationChecks(Checks):
             raise Unmet(
                 f"{name} publishes ALL TABLES (Debezium's default), so every write of the "
                 "database is decoded and sent to the relay, which drops all but the outbox "
-                f"inserts: replace it in one transaction (no gap for the slot): BEGIN; DROP "
-                f"PUBLICATION {name}; {create} COMMIT;"
+                "inserts: replace it in one transaction (no gap for the slot; a relay streaming "
+                "meanwhile stops, exit 3, and resumes where it stopped at its next start): "
+                f"BEGIN; DROP PUBLICATION {name}; {create} COMMIT;"
             )
         filtered = ""
         if any(t.row_filter for t in self.tables):
