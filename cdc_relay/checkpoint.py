@@ -35,7 +35,7 @@ from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server
 from cdc_relay.recovery.horizon import Fence, Horizon, HorizonTracker, Snapshot, horizon_from_json
 from cdc_relay.recovery.loss import refusal as loss_refusal
 from cdc_relay.recovery.loss import what_happened
-from cdc_relay.recovery.plan import Cause
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
 
 STATE_TABLE = "slot_position"
@@ -576,16 +576,31 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return int(str(row[0])) if row and row[0] is not None else None
 
-    def restart_sweep_boundary(self) -> int | None:
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None:
         """Take the sweep boundary afresh (a publication's row filter just changed, or the
         publication itself): rows of transactions from before are left alone, for they were
         decoded under the old one and may not have been published. Returns the new boundary;
-        None: no record yet (the first :meth:`save` takes it)."""
+        None: no record yet (the first :meth:`save` takes it).
+
+        With ``gap`` (the publication changed under the relay), the recovery of the rows it may
+        have kept from the slot is planned in the same statement, unless another recovery has
+        not ended: up to the new boundary, those its snapshot sees (committed before it; later
+        ones are streamed), the positions of its records from the WAL's end now
+        (:mod:`cdc_relay.recovery`)."""
+        plan = (
+            "recovery = CASE WHEN %s::jsonb IS NULL OR coalesce(recovery->>'state', 'done') "
+            "<> 'done' THEN recovery ELSE %s::jsonb || jsonb_build_object('snapshot', "
+            f"pg_current_snapshot()::text, 'below', {_NEXT_XID}::text, 'slot_lsn', "
+            "pg_current_wal_insert_lsn()::text, 'commit_order', CASE WHEN "
+            "current_setting('track_commit_timestamp') = 'on' THEN 'commit_timestamp' "
+            "ELSE 'xid' END) END"
+        )
         query = sql.SQL(
-            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()), "
-            "recovery_horizon = NULL WHERE slot_name = %s RETURNING sweep_from_xid::text"
+            f"UPDATE {{}} SET sweep_from_xid = {_NEXT_XID}, recovery_horizon = NULL, {plan} "
+            "WHERE slot_name = %s RETURNING sweep_from_xid::text"
         ).format(self._table)
-        row = self._run(query, (self._slot,)).fetchone()
+        text = None if gap is None else gap.text
+        row = self._run(query, (text, text, self._slot)).fetchone()
         return None if row is None else int(str(row[0]))
 
     def _run(

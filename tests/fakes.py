@@ -45,7 +45,7 @@ from cdc_relay.publication_stamp import (
 from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
 from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
-from cdc_relay.recovery.plan import Cause
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
 from cdc_relay.sweep_boundary import NO_HORIZON
@@ -444,8 +444,10 @@ class FakeStartStore:
         self._db.journal.append("ensure_table")
         return False
 
-    def restart_sweep_boundary(self) -> int | None:
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None:
         self._db.journal.append("restart_sweep_boundary")
+        if gap is not None:
+            self._db.recovery = gap.to_json()
         return self._db.next_xid
 
     def verify(self, stamp: PublicationStamp) -> None:

@@ -4,9 +4,14 @@ recovers."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cdc_relay.lsn import format_lsn
 from cdc_relay.recovery.plan import Cause, Plan, State, plan_from_json
 from cdc_relay.replication.source import SlotState
+
+if TYPE_CHECKING:
+    from cdc_relay.checkpoint import Record
 
 RECOVER = "cdc-relay recover"
 ON_LOSS = "CDC_RELAY_ON_SLOT_LOSS=recover"
@@ -35,6 +40,30 @@ def in_progress(recorded_plan: object) -> Plan | None:
     """The recorded recovery that has not ended (None: none)."""
     plan = plan_from_json(recorded_plan)
     return plan if plan is not None and plan.state is not State.DONE else None
+
+
+def publication_gap(record: Record) -> Plan | None:
+    """The recovery of the rows a publication change may have kept from the slot: those of
+    transactions from the oldest one running at the last write that found the publication
+    unchanged (``stamp_checked_xid``; else the sweep boundary) on, not proven published by the
+    horizon recorded before the change (its snapshot, its end and the new boundary are written
+    with the boundary, in one statement: :meth:`~cdc_relay.checkpoint.PostgresCheckpointStore.
+    restart_sweep_boundary`). None: no recorded position to start from."""
+    start = record.stamp_checked_xid if record.stamp_checked_xid is not None else None
+    if start is None:
+        start = record.sweep_from_xid
+    if record.stamp is None or start is None:
+        return None
+    horizon = record.horizon
+    if horizon is not None and horizon.boundary != record.sweep_from_xid:
+        horizon = None
+    return Plan(
+        cause=Cause.PUBLICATION,
+        state=State.PUBLISHING,
+        boundary=start,
+        lost_at=record.stamp.position,
+        horizon=horizon,
+    )
 
 
 def what_happened(slot_name: str, cause: Cause, recorded: int, slot: SlotState | None) -> str:

@@ -32,6 +32,9 @@ class Cause(StrEnum):
     DROPPED = "dropped"  # the slot is gone
     INVALIDATED = "invalidated"  # the server gave up its WAL (max_slot_wal_keep_size, idle time)
     ADOPTED = "adopted"  # the first start publishes the rows already there (CDC_RELAY_ADOPT_...)
+    # The publication or an outbox table changed under the relay: rows committed after the
+    # change, before its start, may never have been decoded (cdc_relay.publication_stamp).
+    PUBLICATION = "publication"
 
 
 class State(StrEnum):
@@ -47,7 +50,7 @@ class Plan:
     boundary: int  # the sweep boundary: rows of older transactions are not the relay's to owe
     lost_at: int  # the position recorded before the loss
     horizon: Horizon | None  # what the record proved when the recovery began (None: nothing)
-    slot_lsn: int = 0  # the new slot's consistent point
+    slot_lsn: int = 0  # the new slot's consistent point (a publication gap: the WAL's end then)
     snapshot: Snapshot | None = None  # the new slot's exported snapshot
     commit_order: str = "xid"  # "commit_timestamp" when track_commit_timestamp was on
     rows: int = 0  # rows the snapshot sees that the horizon does not prove published
@@ -60,6 +63,12 @@ class Plan:
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     condition: str | None = None  # adopted: the rows it publishes (the row filter's grammar)
+    below: int | None = None  # a publication gap: rows of transactions from ``boundary`` to this
+
+    @property
+    def replaces_slot(self) -> bool:
+        """It creates a new slot (a publication gap publishes beside the one there)."""
+        return self.cause is not Cause.PUBLICATION
 
     @property
     def record_lsn(self) -> int:
@@ -98,6 +107,7 @@ class Plan:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "condition": self.condition,
+            "below": None if self.below is None else str(self.below),
         }
 
     @property
@@ -162,6 +172,8 @@ def plan_from_json(value: object) -> Plan | None:
         order = value.get("commit_order")
         condition = value.get("condition")
         _need(condition is None or (isinstance(condition, str) and parsed_condition(condition)))
+        below = value.get("below")
+        _need(below is None or (isinstance(below, str) and below.isdigit()))
         return Plan(
             cause=Cause(str(value.get("cause"))),
             state=State(str(value.get("state"))),
@@ -176,6 +188,7 @@ def plan_from_json(value: object) -> Plan | None:
             started_at=float(str(started)),
             finished_at=None if finished is None else float(str(finished)),
             condition=None if condition is None else str(condition),
+            below=None if below is None else int(str(below)),
             **{name: int(str(count)) for name, count in counts.items()},
         )
     except (ValueError, orjson.JSONDecodeError):

@@ -68,6 +68,7 @@ class Scope:
     snapshot: Snapshot | None  # without the exported snapshot: the rows it sees
     commit_timestamps: bool
     condition: Condition | None = None  # adopting a table: the rows still to publish
+    below: int | None = None  # a publication gap: rows of transactions below this
     # More of each table's conditions, by table (a replay's selection), with their parameters.
     extra: Mapping[str, tuple[sql.Composable, tuple[object, ...]]] = field(default_factory=dict)
 
@@ -134,9 +135,10 @@ def relation_of(conn: Connection, table: OutboxTable, publication: str) -> Relat
 def _conditions(source: Source, scope: Scope) -> tuple[sql.Composable, list[object]]:
     conditions: list[sql.Composable] = [sql.SQL("{} >= %s").format(_IMAGE)]
     params: list[object] = [scope.boundary]
-    if scope.proven_below is not None:
-        conditions.append(sql.SQL("{} >= %s").format(_IMAGE))
-        params.append(scope.proven_below)
+    for bound, op in ((scope.proven_below, ">="), (scope.below, "<")):
+        if bound is not None:
+            conditions.append(sql.SQL("{} {} %s").format(_IMAGE, sql.SQL(op)))
+            params.append(bound)
     if scope.snapshot is not None:
         conditions.append(
             sql.SQL("pg_visible_in_snapshot({}::text::xid8, %s::pg_snapshot)").format(_IMAGE)

@@ -118,8 +118,18 @@ class Recovery:
     # -- the steps -----------------------------------------------------------------------------
 
     def run(self, record: Record, cause: Cause, failover: bool) -> Plan:
-        """Recover; the plan as it ended (its new slot's start is the recorded position)."""
+        """Recover; the plan as it ended (its new slot's start is the recorded position, but for
+        a publication gap, which publishes beside the slot there)."""
         plan = in_progress(record.recovery)
+        gap = plan if plan is not None and not plan.replaces_slot else None
+        if gap is not None and cause is Cause.PUBLICATION:
+            reader = self._reader(None)
+            try:
+                return self._publish(reader, gap)
+            finally:
+                reader.close()
+        if gap is not None:
+            plan = None  # the slot is lost too: its recovery covers the gap's rows (_plan)
         if plan is not None and plan.state is State.PUBLISHING:
             found = slot_state(self.conn, self.settings.slot_name)
             if (
@@ -134,7 +144,7 @@ class Recovery:
                 )
                 plan = None
         if plan is None:
-            plan = self._plan(record, cause)
+            plan = self._plan(record, cause, gap)
         self._report(plan)
         if plan.state is State.CREATING:
             if plan.cause is Cause.ADOPTED:
@@ -163,7 +173,7 @@ class Recovery:
         finally:
             reader.close()
 
-    def _plan(self, record: Record, cause: Cause) -> Plan:
+    def _plan(self, record: Record, cause: Cause, gap: Plan | None = None) -> Plan:
         if cause is Cause.ADOPTED:
             # Every row of the table is the relay's to judge: the condition says which are owed.
             return Plan(
@@ -184,10 +194,14 @@ class Recovery:
         horizon = record.horizon
         if horizon is not None and horizon.boundary != record.sweep_from_xid:
             horizon = None
+        boundary = record.sweep_from_xid
+        if gap is not None and gap.boundary < boundary:
+            # A publication gap not yet recovered lies below the boundary taken after it.
+            boundary, horizon = gap.boundary, gap.horizon
         return Plan(
             cause=cause,
             state=State.CREATING,
-            boundary=record.sweep_from_xid,
+            boundary=boundary,
             lost_at=record.stamp.position,
             horizon=horizon,
         )
@@ -250,6 +264,9 @@ class Recovery:
             else:
                 scope = self._scope(plan, in_snapshot=False)
                 sources = self._sources(reader)
+                if not plan.replaces_slot and plan.rows == 0:  # a publication gap's first run
+                    plan = plan.progressed(rows=count_rows(reader, sources, scope))
+                    self.record.write(plan)
         log.info(
             "recovering the outbox rows the relay has not provably published",
             extra={
@@ -280,6 +297,7 @@ class Recovery:
             snapshot=None if in_snapshot else plan.snapshot,
             commit_timestamps=plan.commit_order == "commit_timestamp",
             condition=None if plan.condition is None else parse_condition(plan.condition),
+            below=plan.below,
         )
 
     def _sources(self, reader: Connection) -> list[Source]:

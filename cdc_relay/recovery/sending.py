@@ -139,9 +139,13 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
             state=State.DONE, done=done, offsets=offsets, finished_at=time.time(),
             **sending.counts(),
         )  # fmt: skip
-        # An adoption's rows predate the sweep boundary the relay takes next: nothing proven yet.
-        horizon = None if plan.cause is Cause.ADOPTED else horizon_after(plan, found.starts)
-        recovery.record.finish(plan, offsets, horizon)
+        if plan.replaces_slot:
+            # An adoption's rows predate the sweep boundary the relay takes next: nothing
+            # proven yet.
+            horizon = None if plan.cause is Cause.ADOPTED else horizon_after(plan, found.starts)
+            recovery.record.finish(plan, offsets, horizon)
+        else:
+            recovery.record.write(plan)  # a publication gap: the slot and its position stay
         recovery.on_progress(plan)
         log.info("recovered the slot", extra={"fields": plan.summary()})
         return plan

@@ -25,9 +25,17 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.publication_stamp import Change, PublicationStamp, unrelayed_message
 from cdc_relay.record_origin import problem, refusal
-from cdc_relay.recovery.loss import in_progress, interrupted, slot_loss, what_happened
+from cdc_relay.recovery.loss import (
+    ON_LOSS,
+    RECOVER,
+    in_progress,
+    interrupted,
+    publication_gap,
+    slot_loss,
+    what_happened,
+)
 from cdc_relay.recovery.loss import refusal as loss_refusal
-from cdc_relay.recovery.plan import Cause
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.relayed_filters import differences, recorded_form
 from cdc_relay.replication.source import SlotState
 
@@ -49,7 +57,7 @@ class StartStore(Protocol):
 
     def ensure_table(self) -> bool: ...
 
-    def restart_sweep_boundary(self) -> int | None: ...
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None: ...
 
     def verify(self, stamp: PublicationStamp) -> None:
         """Every later write requires the publication still to be ``stamp`` (and records it)."""
@@ -328,7 +336,10 @@ class StartSequence:
         store.verify(stamp)  # every write from here on proves it unchanged
         self._table_oids = stamp.table_oids()
         if unrelayed:
-            self._name_unrelayed(unrelayed, record, store.restart_sweep_boundary())
+            gap = publication_gap(record)
+            self._name_unrelayed(unrelayed, record, store.restart_sweep_boundary(gap))
+            if gap is not None:
+                record = store.load_record()  # with the gap's recovery planned
         recorded, reset = self._trusted_position(database, record)
         # Acknowledged under a publication that has changed since: resumed from the record.
         carried = None if unrelayed else self._carried_position(database)
@@ -401,18 +412,15 @@ class StartSequence:
         that a new one is created over the gap. The slot and recorded position to go on with."""
         settings = self.settings
         plan = in_progress(record.recovery)
-        if plan is not None and plan.cause is Cause.ADOPTED:
-            adopted = database.recover(record, Cause.ADOPTED, failover)  # an adoption resumed
-            return adopted, adopted.confirmed_flush
-        if slot is None and recorded is None and settings.adopt_condition is not None:
-            log.info(
-                "adopting the outbox: publishing the rows already there that match "
-                f"{env_name('adopt_condition')} before streaming",
-                extra={"fields": {"condition": settings.adopt_condition}},
-            )
-            adopted = database.recover(record, Cause.ADOPTED, failover)
+        adopted = self._adoption(
+            database, record, plan, slot is None and recorded is None, failover
+        )
+        if adopted is not None:
             return adopted, adopted.confirmed_flush
         cause = slot_loss(slot, recorded)
+        if cause is None and plan is not None and plan.cause is Cause.PUBLICATION:
+            self._publication_gap(database, record, plan, failover)
+            plan = None  # the slot streams on
         self.stats.slot_lost = cause is not None or plan is not None
         if cause is None and plan is None:
             return slot, recorded
@@ -437,6 +445,44 @@ class StartSequence:
         )
         self.stats.slot_lost = False
         return recovered, recovered.confirmed_flush
+
+    def _adoption(
+        self,
+        database: StartDatabase,
+        record: Record,
+        plan: Plan | None,
+        first: bool,
+        failover: bool,
+    ) -> SlotState | None:
+        """A first start (``first``: no slot, no record) told to adopt the table's rows, or an
+        adoption not yet ended: its new slot, once done. None: nothing to adopt."""
+        condition = self.settings.adopt_condition
+        if plan is not None and plan.cause is Cause.ADOPTED:
+            return database.recover(record, Cause.ADOPTED, failover)  # an adoption resumed
+        if not first or condition is None:
+            return None
+        log.info(
+            "adopting the outbox: publishing the rows already there that match "
+            f"{env_name('adopt_condition')} before streaming",
+            extra={"fields": {"condition": condition}},
+        )
+        return database.recover(record, Cause.ADOPTED, failover)
+
+    def _publication_gap(
+        self, database: StartDatabase, record: Record, plan: Plan, failover: bool
+    ) -> None:
+        """Rows a publication change may have kept from the slot, planned for recovery: published
+        now (``CDC_RELAY_ON_SLOT_LOSS=recover``), or left for ``cdc-relay recover`` (the relay
+        streams on meanwhile; no sweep deletes them)."""
+        if self.settings.on_slot_loss is OnSlotLoss.RECOVER:
+            database.recover(record, Cause.PUBLICATION, failover)
+            return
+        log.warning(
+            "outbox rows a change of the publication may have kept from the slot are still "
+            f"unpublished: run `{RECOVER}` (with the relays stopped) to publish those not in "
+            f"Kafka, or start with {ON_LOSS}",
+            extra={"fields": {"from_xid": plan.boundary, "to_xid": plan.below}},
+        )
 
     def _name_unrelayed(
         self, unrelayed: list[Change], record: Record, boundary: int | None

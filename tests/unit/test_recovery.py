@@ -274,3 +274,54 @@ def test_a_replays_selection_is_checked_before_anything_is_read() -> None:
     assert parse_time("2026-11-28T13:00:00") == datetime(2026, 11, 28, 13, tzinfo=UTC)
     with pytest.raises(ConfigError, match="ISO 8601"):
         parse_time("yesterday")
+
+
+def _gap() -> Plan:
+    return _plan(
+        cause=Cause.PUBLICATION,
+        slot_lsn=0x2000,
+        below=2004,
+        rows=0,
+        done=0,
+        offsets={},
+        noted={},
+        published=0,
+        dead_lettered=0,
+        in_kafka=0,
+    )
+
+
+def test_a_publication_gap_lets_the_relay_stream_on_until_recovered() -> None:
+    database = FakeStartDatabase(FakeLeadership(), slot=slot_at(0x3000))
+    database.recorded = 0x3000
+    database.recovery = _gap().to_json()
+    assert _start(_sequence(database)) == 0x3000  # refused? no: pubwatch names it, it streams
+    assert not any(isinstance(entry, tuple) and entry[0] == "recover" for entry in database.journal)
+    _start(_sequence(database, on_slot_loss="recover"))
+    assert ("recover", "publication") in database.journal
+
+
+def test_a_publication_gap_is_planned_from_the_record_before_the_change() -> None:
+    from cdc_relay.checkpoint import Record  # noqa: PLC0415
+    from cdc_relay.record_origin import Server, Stamp  # noqa: PLC0415
+    from cdc_relay.recovery.loss import publication_gap  # noqa: PLC0415
+
+    horizon = Horizon(1000, Snapshot(1500, 1500), {}, {}, 0x1000)
+    record = Record(
+        Stamp(0x3000, "1", 1),
+        1000,
+        None,
+        Server("1", 1, 0x4000),
+        stamp_checked_xid=1700,
+        horizon=horizon,
+    )
+    gap = publication_gap(record)
+    assert gap is not None
+    assert (gap.cause, gap.boundary, gap.horizon, gap.lost_at) == (
+        Cause.PUBLICATION,
+        1700,
+        horizon,
+        0x3000,
+    )
+    assert not gap.replaces_slot
+    assert publication_gap(replace(record, stamp=None)) is None
