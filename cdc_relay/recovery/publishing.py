@@ -72,7 +72,7 @@ class RecoveryPublisher:
         progress: Callable[[int, Offsets], None],
         fail: Callable[[RelayError], None],
         require_leading: Callable[[], None],
-        stopping: Callable[[], bool],
+        stopping: Callable[[], bool],  # also says the recovery is alive (Recovery.alive)
     ) -> None:
         self.settings = settings
         self.stats = stats
@@ -233,7 +233,9 @@ class RecoveryPublisher:
         self.known_topics.add(topic)
 
     def serve(self, between_batches: bool = False) -> None:
-        """Delivery reports, failures, the lease; the Kafka transaction; the plan's progress."""
+        """Delivery reports, failures, the lease; the Kafka transaction; the plan's progress;
+        and that the recovery is alive, stopped or not (``stopping``)."""
+        self._stopping()
         sink = self.sink
         sink.poll(0)
         if self.tracker.failures:

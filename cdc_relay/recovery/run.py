@@ -327,7 +327,7 @@ class Recovery:
             admin_config(settings.producer_config()),
             check,
             READ_BACK_TIMEOUT,
-            self.stopping,
+            self.alive,
             committed_only=settings.exactly_once,
         )
         if self.stopping():
@@ -364,6 +364,12 @@ class Recovery:
         return set(offsets or {}) | set(noted or {})
 
     # -- reporting -----------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """The recovery goes on (a liveness probe must not take it for a stuck relay: /healthz);
+        whether a stop was requested."""
+        self.stats.last_loop = time.monotonic()
+        return self.stopping()
 
     def progressed(self, plan: Plan) -> None:
         """``plan``'s progress, written (fenced by the lease), shown and, now and then, logged."""

@@ -120,7 +120,7 @@ def send(recovery: Recovery, reader: psycopg.Connection[Any], owed: Owed) -> Pla
             progress=sending.progress,
             fail=recovery.fail,
             require_leading=recovery.require_leading,
-            stopping=recovery.stopping,
+            stopping=recovery.alive,
         )
         sending.publisher = publisher
         try:

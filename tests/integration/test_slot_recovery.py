@@ -11,8 +11,9 @@ import orjson
 import psycopg
 import pytest
 
-from cdc_relay.local import LocalPostgres
+from cdc_relay.local import LocalBroker, LocalPostgres
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.observability.http import LIVENESS_TIMEOUT
 from cdc_relay.reconcile import POSITION_HEADER
 from tests.conftest import LOCAL_POSTGRES_SETTINGS, KafkaBroker, skip_if_external
 from tests.integration.recovery_support import (
@@ -421,3 +422,32 @@ def test_republish_replays_retained_rows_by_aggregate_and_time_marked_as_a_repla
         e.id.encode() for e in orders[20:]
     )
     assert judge(replayed, [e.id for e in orders[20:]]).out_of_order == 0
+
+
+def test_a_relay_recovering_at_its_start_stays_alive_for_its_liveness_probe(
+    database: str, local_broker: LocalBroker, unique: str
+) -> None:
+    """A recovery can take longer than the liveness timeout (30 s): /healthz answers 200 all
+    along, or an orchestrator would kill the relay in the middle of it, again and again."""
+    env = _lost_with_unpublished_rows(database, local_broker, unique, 20_000)
+    port = free_port()
+    relay = RelayProcess(
+        {**env, "CDC_RELAY_ON_SLOT_LOSS": "recover", "CDC_RELAY_HTTP_PORT": str(port)}
+    ).start()
+    try:
+        slot = f"slot_{unique}"
+        wait_until(lambda: bool(recovery_state(database, slot).get("noted")), 60, "a record")
+        local_broker.pause()  # Kafka acknowledges nothing: the recovery waits
+        try:
+            deadline = time.monotonic() + LIVENESS_TIMEOUT + 5
+            while time.monotonic() < deadline:
+                status, body = http_get(port, "/healthz")
+                assert status == 200, body
+                time.sleep(1.0)
+        finally:
+            local_broker.resume()
+        relay.wait_for_log("recovered the slot", 120)
+        relay.wait_streaming(60)
+        assert relay.stop() == 0
+    finally:
+        relay.close()
