@@ -9,12 +9,12 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.checkpoint import LEASE_TABLE, check_missing_slot, resolve_start
-from cdc_relay.config import Plugin
+from cdc_relay.config import OnSlotLoss, Plugin
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.record_origin import history_switches, problem, refusal
-from cdc_relay.recovery.loss import invalidated
+from cdc_relay.recovery.loss import ON_LOSS, in_progress, interrupted, invalidated
 from cdc_relay.recovery.loss import refusal as loss_refusal
 from cdc_relay.recovery.plan import Cause
 from cdc_relay.replication.failover import describe, promotion_note
@@ -31,6 +31,11 @@ class SlotChecks(Checks):
         """The slot as ``check`` judges it: usable by this relay, healthy, where the record is."""
         settings = self.settings
         name = settings.slot_name
+        unfinished = self._unfinished_recovery()
+        if unfinished is not None:
+            if settings.on_slot_loss is OnSlotLoss.RECOVER:
+                return f"{unfinished}; the leader finishes it at its start ({ON_LOSS})"
+            raise Unmet(unfinished, PositionMismatch)
         slot = self._slot()
         recorded = self._recorded()
         if slot is None:
@@ -79,6 +84,16 @@ class SlotChecks(Checks):
         if warning:
             detail += f"; {warning}"
         return detail
+
+    def _unfinished_recovery(self) -> str | None:
+        """A recovery (of a lost slot, a publication gap, an adoption) the record shows begun
+        and not ended, in words; None: none."""
+        try:
+            record = self._store().load_record()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, SourceSetupError):
+            return None  # reported by the state table check
+        plan = in_progress(record.recovery)
+        return None if plan is None else interrupted(self.settings.slot_name, plan)
 
     def _streaming_leader(self, slot: SlotState) -> str | None:
         """Who streams the slot, when that is the leading relay: its walsender is the one its

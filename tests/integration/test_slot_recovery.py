@@ -209,6 +209,9 @@ def test_a_recovery_killed_half_way_finishes_without_a_duplicate(
     shown = cdc_relay(env, "status").stdout
     assert "recovery_state: publishing" in shown, shown
     assert f"recovery_rows: {rows}" in shown, shown
+    checked = cdc_relay(env, "check")
+    assert "has not ended" in checked.stdout, checked.stdout
+    assert checked.returncode == 1
     # The relay will not stream before the recovery has ended.
     refused = cdc_relay(env, "run", timeout=120)
     assert refused.returncode == 4, refused.stdout
