@@ -12,7 +12,9 @@ partitions finds both (:func:`read_back`, through :func:`cdc_relay.reconcile.rea
   (a duplicate, never a loss), and the recovery says so.
 - the recovery's *own*, of a run that was interrupted: their position header is the plan's, with
   the row's ordinal, so a row is in Kafka when the record of its ordinal carries its id
-  (:class:`Own`: 8 bytes per owed row). They lie after the plan's progress offsets and notes.
+  (:class:`Own`: 16 bytes per owed row). They lie after the plan's progress offsets and notes.
+  Rows deleted from the table since the plan was made move the ordinals of those after them: the
+  run then finds its own records by id alone, read from the plan's notes.
 
 A dead letter counts as its row's record (its ``cdc_relay.event_id``), as at a start's read-back.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -84,19 +87,38 @@ class Earlier:
 
 
 class Own:
-    """The hash of the event id of each of this recovery's records found, by ordinal."""
+    """The hash of the event id of each of this recovery's records found, by ordinal — and all
+    of them, sorted, for a run whose ordinals moved (rows deleted since the plan was made)."""
 
     def __init__(self, rows: int) -> None:
         self._found = array("Q", bytes(8 * (rows + 1)))
+        self._ids = array("Q")
+        self._sorted = True
+        # By id: the records of earlier runs, whose ordinals may exceed today's rows; bounded
+        # (past it a record is not found by id: sent again, never lost).
+        self._id_budget = 4 * (rows + 1) + 65536
 
     def add(self, ordinal: int, event_id: bytes) -> None:
+        digest = id_hash(event_id)
         if 0 < ordinal < len(self._found):
-            self._found[ordinal] = id_hash(event_id)
+            self._found[ordinal] = digest
+        if ordinal > 0 and len(self._ids) < self._id_budget:
+            self._ids.append(digest)
+            self._sorted = False
 
     def has(self, ordinal: int, event_id: str) -> bool:
         return 0 < ordinal < len(self._found) and self._found[ordinal] == id_hash(
             text_bytes(event_id)
         )
+
+    def has_id(self, event_id: str) -> bool:
+        """A record of this recovery carries ``event_id``, whatever its ordinal."""
+        if not self._sorted:
+            self._ids = array("Q", sorted(self._ids))
+            self._sorted = True
+        digest = id_hash(text_bytes(event_id))
+        at = bisect_left(self._ids, digest)
+        return at < len(self._ids) and self._ids[at] == digest
 
     @property
     def found(self) -> int:

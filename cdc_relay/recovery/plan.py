@@ -64,6 +64,9 @@ class Plan:
     finished_at: float | None = None
     condition: str | None = None  # adopted: the rows it publishes (the row filter's grammar)
     below: int | None = None  # a publication gap: rows of transactions from ``boundary`` to this
+    # Rows owed were deleted since the plan was made: ordinals (and ``done``) name other rows
+    # than they did, so its own records are found by id (cdc_relay.recovery.kafka_check).
+    moved: bool = False
 
     @property
     def replaces_slot(self) -> bool:
@@ -108,6 +111,7 @@ class Plan:
             "finished_at": self.finished_at,
             "condition": self.condition,
             "below": None if self.below is None else str(self.below),
+            "moved": self.moved,
         }
 
     @property
@@ -174,6 +178,8 @@ def plan_from_json(value: object) -> Plan | None:
         _need(condition is None or (isinstance(condition, str) and parsed_condition(condition)))
         below = value.get("below")
         _need(below is None or (isinstance(below, str) and below.isdigit()))
+        moved = value.get("moved", False)
+        _need(isinstance(moved, bool))
         return Plan(
             cause=Cause(str(value.get("cause"))),
             state=State(str(value.get("state"))),
@@ -189,6 +195,7 @@ def plan_from_json(value: object) -> Plan | None:
             finished_at=None if finished is None else float(str(finished)),
             condition=None if condition is None else str(condition),
             below=None if below is None else int(str(below)),
+            moved=bool(moved),
             **{name: int(str(count)) for name, count in counts.items()},
         )
     except (ValueError, orjson.JSONDecodeError):

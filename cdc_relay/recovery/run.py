@@ -264,9 +264,7 @@ class Recovery:
             else:
                 scope = self._scope(plan, in_snapshot=False)
                 sources = self._sources(reader)
-                if not plan.replaces_slot and plan.rows == 0:  # a publication gap's first run
-                    plan = plan.progressed(rows=count_rows(reader, sources, scope))
-                    self.record.write(plan)
+                plan = self._recounted(plan, count_rows(reader, sources, scope))
         log.info(
             "recovering the outbox rows the relay has not provably published",
             extra={
@@ -281,6 +279,25 @@ class Recovery:
         from cdc_relay.recovery.sending import send  # noqa: PLC0415 - Kafka's client: late
 
         return send(self, reader, Owed(plan, sources, scope))
+
+    def _recounted(self, plan: Plan, rows: int) -> Plan:
+        """A run without the exported snapshot counts the rows again: a publication gap's first
+        run takes the count; a count that fell since (rows owed deleted: by hand, or by a
+        sweeper that does not know the plan) means the ordinals moved, and the run forgets its
+        progress and finds its own records by id alone."""
+        if not plan.replaces_slot and plan.rows == 0 and plan.done == 0:
+            plan = plan.progressed(rows=rows)
+            self.record.write(plan)
+        elif rows != plan.rows:
+            log.warning(
+                "outbox rows the recovery owed were deleted since it began: it finds the records "
+                "it sent by their event id, and sends the rest (the deleted rows' events it had "
+                "not sent are lost)",
+                extra={"fields": {"rows_then": plan.rows, "rows_now": rows}},
+            )
+            plan = plan.progressed(rows=rows, done=0, offsets={}, moved=True)
+            self.record.write(plan)
+        return plan
 
     def reading(self, reader: Connection, what: str) -> AbstractContextManager[None]:
         """The reading connection's statements, named while they wait (a lock on the outbox

@@ -53,7 +53,7 @@ class _Sending:
         """Each owed row in order: skipped when in Kafka already, else published (or refused)."""
         recovery, publisher = self.recovery, self.publisher
         assert publisher is not None
-        done = self.plan.done
+        done, moved = self.plan.done, self.plan.moved
         earlier, own = found.earlier, found.own
         with (
             mapped(During.STATEMENT, "cannot read the outbox"),
@@ -69,7 +69,9 @@ class _Sending:
                         earlier.take(event_id)
                     continue
                 if event_id is not None and (
-                    own.has(row.ordinal, event_id) or earlier.take(event_id)
+                    own.has(row.ordinal, event_id)
+                    or (moved and own.has_id(event_id))
+                    or earlier.take(event_id)
                 ):
                     self.in_kafka += 1
                     publisher.skip(row)
