@@ -67,6 +67,7 @@ class Plan:
     # Rows owed were deleted since the plan was made: ordinals (and ``done``) name other rows
     # than they did, so its own records are found by id (cdc_relay.recovery.kafka_check).
     moved: bool = False
+    filenodes: Mapping[str, int] = field(default_factory=dict)  # the tables' storage, when made
 
     @property
     def replaces_slot(self) -> bool:
@@ -112,6 +113,7 @@ class Plan:
             "condition": self.condition,
             "below": None if self.below is None else str(self.below),
             "moved": self.moved,
+            "filenodes": dict(self.filenodes),
         }
 
     @property
@@ -135,6 +137,7 @@ class Plan:
 
 
 _COUNTS = ("rows", "done", "published", "dead_lettered", "in_kafka")
+MAX_TABLES = 65536  # outbox tables and their partitions in a recorded plan, at most
 
 
 def parsed_condition(text: str) -> bool:
@@ -180,6 +183,10 @@ def plan_from_json(value: object) -> Plan | None:
         _need(below is None or (isinstance(below, str) and below.isdigit()))
         moved = value.get("moved", False)
         _need(isinstance(moved, bool))
+        nodes = value.get("filenodes", {})
+        _need(isinstance(nodes, Mapping) and len(nodes) <= MAX_TABLES)
+        assert isinstance(nodes, Mapping)
+        _need(all(str(k).isdigit() and type(v) is int for k, v in nodes.items()))
         return Plan(
             cause=Cause(str(value.get("cause"))),
             state=State(str(value.get("state"))),
@@ -196,6 +203,7 @@ def plan_from_json(value: object) -> Plan | None:
             condition=None if condition is None else str(condition),
             below=None if below is None else int(str(below)),
             moved=bool(moved),
+            filenodes={str(k): int(str(v)) for k, v in nodes.items()},
             **{name: int(str(count)) for name, count in counts.items()},
         )
     except (ValueError, orjson.JSONDecodeError):

@@ -196,6 +196,21 @@ def rows_statement(source: Source, scope: Scope) -> tuple[sql.Composed, list[obj
     return statement, params
 
 
+def filenodes(conn: Connection, sources: Sequence[Source]) -> dict[str, int]:
+    """Each outbox table's storage (its leaf partitions' too): oid -> relfilenode. A rewrite
+    (``VACUUM FULL``, ``CLUSTER``, ``ALTER ... TYPE``) changes it, and with it the rows' places,
+    which break ties in the recovery's order."""
+    found: dict[str, int] = {}
+    for source in sources:
+        rows = conn.execute(
+            "SELECT c.oid::int8, c.relfilenode::int8 FROM pg_class c WHERE c.oid = %s "
+            "OR c.oid IN (SELECT relid FROM pg_partition_tree(%s::oid::regclass))",
+            (source.relation.relation_id, source.relation.relation_id),
+        ).fetchall()
+        found |= {str(oid): int(str(node)) for oid, node in rows}
+    return found
+
+
 def count_rows(conn: Connection, sources: Sequence[Source], scope: Scope) -> int:
     total = 0
     for source in sources:

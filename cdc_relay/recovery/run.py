@@ -45,6 +45,7 @@ from cdc_relay.recovery.rows import (
     Source,
     commit_timestamps,
     count_rows,
+    filenodes,
     relation_of,
 )
 from cdc_relay.replication.exported_slot import SlotWithSnapshot
@@ -259,12 +260,16 @@ class Recovery:
                 )
                 scope = self._scope(plan, in_snapshot=True)
                 sources = self._sources(reader)
-                plan = plan.progressed(rows=count_rows(reader, sources, scope))
+                plan = plan.progressed(
+                    rows=count_rows(reader, sources, scope), filenodes=filenodes(reader, sources)
+                )
                 self.record.write(plan)
             else:
                 scope = self._scope(plan, in_snapshot=False)
                 sources = self._sources(reader)
-                plan = self._recounted(plan, count_rows(reader, sources, scope))
+                plan = self._recounted(
+                    plan, count_rows(reader, sources, scope), filenodes(reader, sources)
+                )
         log.info(
             "recovering the outbox rows the relay has not provably published",
             extra={
@@ -280,22 +285,23 @@ class Recovery:
 
         return send(self, reader, Owed(plan, sources, scope))
 
-    def _recounted(self, plan: Plan, rows: int) -> Plan:
+    def _recounted(self, plan: Plan, rows: int, nodes: dict[str, int]) -> Plan:
         """A run without the exported snapshot counts the rows again: a publication gap's first
         run takes the count; a count that fell since (rows owed deleted: by hand, or by a
-        sweeper that does not know the plan) means the ordinals moved, and the run forgets its
+        sweeper that does not know the plan), or a table rewritten (its rows' places, which break
+        ties in the order, may have moved), means the ordinals moved: the run forgets its
         progress and finds its own records by id alone."""
         if not plan.replaces_slot and plan.rows == 0 and plan.done == 0:
-            plan = plan.progressed(rows=rows)
+            plan = plan.progressed(rows=rows, filenodes=nodes)
             self.record.write(plan)
-        elif rows != plan.rows:
+        elif rows != plan.rows or (plan.filenodes and nodes != plan.filenodes):
             log.warning(
-                "outbox rows the recovery owed were deleted since it began: it finds the records "
-                "it sent by their event id, and sends the rest (the deleted rows' events it had "
-                "not sent are lost)",
+                "outbox rows the recovery owed were deleted, or their table rewritten, since it "
+                "began: it finds the records it sent by their event id, and sends the rest (the "
+                "deleted rows' events it had not sent are lost)",
                 extra={"fields": {"rows_then": plan.rows, "rows_now": rows}},
             )
-            plan = plan.progressed(rows=rows, done=0, offsets={}, moved=True)
+            plan = plan.progressed(rows=rows, done=0, offsets={}, moved=True, filenodes=nodes)
             self.record.write(plan)
         return plan
 
