@@ -1053,13 +1053,15 @@ def setting_bounds() -> dict[str, Bounds]:
 
 
 # CDC_RELAY_ variables the project reads that are not settings: the build's switches (setup.py,
-# _hot_path.py) and the test suite's services (README: Development).
+# _hot_path.py) and the test suite's (CONTRIBUTING.md), which CI exports while relays run.
 NOT_SETTINGS = frozenset(
     {
         "CDC_RELAY_COMPILE",
         "CDC_RELAY_PURE_PYTHON",
         "CDC_RELAY_EXPECT_COMPILED",
         "CDC_RELAY_POSTGRES_BINDIR",
+        "CDC_RELAY_UPGRADE_BINDIRS",
+        "CDC_RELAY_REQUIRE_PROMTOOL",
         "CDC_RELAY_TEST_DATABASE_URL",
         "CDC_RELAY_TEST_KAFKA_BOOTSTRAP_SERVERS",
         "CDC_RELAY_BENCH_PEER_PYTHON",

@@ -167,9 +167,10 @@ def refusal(reason: str, schema: str, slot_name: str, slot_confirmed: int | None
     )
     return (
         f"the relay's position record for slot {slot_name!r} ({table}) cannot be this "
-        f"server's: {reason}. It was restored from another cluster or an older backup, or "
-        "edited; streaming or sweeping from it would skip events and delete rows never "
-        "published. The slot is left as it is. Find out where the record came from; to start "
+        f"server's: {reason}. It was restored from another cluster or an older backup, carried "
+        "over by pg_upgrade (a new cluster), or edited; streaming or sweeping from it would skip "
+        "events and delete rows never published. The slot is left as it is. Find out where the "
+        "record came from; to start "
         f"from {at_slot} instead and record it afresh, start the relay once with "
         f"CDC_RELAY_ALLOW_SLOT_RESET=true (or run DELETE FROM {table} WHERE slot_name = "
         f"'{slot_name.replace(chr(39), chr(39) * 2)}' as its owner)"

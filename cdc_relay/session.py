@@ -298,11 +298,12 @@ class Session:
                         if txn is None:
                             raise ProtocolError("Commit without Begin in the replication stream")
                         if txn.events:
+                            # PostgreSQL 14's pgoutput sends empty transactions too: not counted
                             observe_receive(time.time() - txn.commit_time)
+                            stats.transactions += 1
                         watermark.seal(txn, message.end_lsn)
                         if window is not None and window.sealed(txn):
                             window.commit()
-                        stats.transactions += 1
                         txn = None
                         if fast_later and self.in_kafka is None:
                             fast = self.fast_publisher(delivered)

@@ -30,8 +30,25 @@ GRANT SELECT, INSERT, UPDATE ON cdc_relay.leader_lease TO relay;
 
 -- Heartbeats (CDC_RELAY_HEARTBEAT_INTERVAL) are non-transactional logical messages with a prefix
 -- of their own, never relayed. PUBLIC may emit them unless table-less messages are on
--- (sql/004_outbox_emit.sql revokes that); the relay's role keeps the right either way.
-GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO relay;
+-- (sql/004_outbox_emit.sql revokes that); the relay's role keeps the right either way. Only the
+-- overload with text content, which the heartbeats call: pg_logical_emit_message(boolean, text,
+-- text) up to PostgreSQL 16, (boolean, text, text, boolean) from 17 on (a flush argument), so its
+-- signature is read from the catalog.
+DO $$
+DECLARE
+    emit regprocedure;
+BEGIN
+    FOR emit IN SELECT oid::regprocedure FROM pg_proc
+            WHERE proname = 'pg_logical_emit_message'
+            AND pronamespace = 'pg_catalog'::regnamespace
+            AND proargtypes[2] = 'text'::regtype LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO relay', emit);
+    END LOOP;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pg_catalog.pg_logical_emit_message with text content not found';
+    END IF;
+END
+$$;
 
 -- Not granted, because not needed: CREATE on the database or any schema (no DDL at start when
 -- the objects above exist), ownership of the outbox (only to create the publication, which

@@ -53,6 +53,13 @@ _DEFAULT_SETTINGS: dict[str, str] = {
     "shared_buffers": "128MB",
 }
 
+# The newest minor releases (15.19, 16.15, 17.11, 18.6 and later) let REPLICATION roles, and
+# superusers, decode only through the output plugins this setting lists (pgoutput, test_decoding
+# by default): the throw-away cluster adds wal2json, the relay's other plugin, where the server
+# has the setting (an unknown setting would stop an older one from starting).
+_OUTPUT_PLUGIN_SETTING = "output_plugin_libraries"
+_OUTPUT_PLUGINS = "pgoutput, test_decoding, wal2json"
+
 # One pg_xact segment: 32 pages of 8 KiB, two status bits per transaction.
 _XACTS_PER_CLOG_SEGMENT = 32 * 8192 * 4
 # How far advance_transaction_ids may move at once: below PostgreSQL's stop limit (2^31 - 3M past
@@ -414,6 +421,51 @@ class LocalPostgres(ThrowAway):
         standby._initialised = True
         return standby
 
+    # ---------------------------------------------------------------- major upgrade
+
+    def upgrade_from(self, old: LocalPostgres, timeout: float = 300.0) -> None:
+        """``pg_upgrade`` ``old``'s cluster into this one, as an operator upgrades a major version:
+        both stopped, this one freshly initialised (by this call) with its own settings; then
+        :meth:`start` runs the upgraded cluster. ``old`` is left stopped."""
+        old.stop()
+        if not self._initialised:
+            # pg_upgrade needs both clusters alike in data checksums (on by default from 18).
+            control = old._run([str(old._bin("pg_controldata")), str(old.data_dir)]).stdout
+            checksums = "Data page checksum version:" in control and not re.search(
+                r"Data page checksum version:\s+0\b", control
+            )
+            accepted = self._run([str(self._bin("initdb")), "--help"]).stdout
+            if checksums:
+                self._initdb("--data-checksums")
+            elif "--no-data-checksums" in accepted:
+                self._initdb("--no-data-checksums")
+            else:
+                self._initdb()
+        self.stop()
+        self._run(
+            [
+                str(self._bin("pg_upgrade")),
+                "--old-bindir",
+                str(old.bindir),
+                "--new-bindir",
+                str(self.bindir),
+                "--old-datadir",
+                str(old.data_dir),
+                "--new-datadir",
+                str(self.data_dir),
+                "--username",
+                _SUPERUSER,
+                "--old-port",
+                str(old.port),
+                "--new-port",
+                str(self.port),
+                "--socketdir",
+                str(self.directory),
+                "--no-sync",
+            ],
+            timeout=timeout,
+        )
+
     @property
     def in_recovery(self) -> bool:
         """True while the server is a standby (``pg_is_in_recovery()``)."""
@@ -544,7 +596,7 @@ class LocalPostgres(ThrowAway):
             )
         return result
 
-    def _initdb(self) -> None:
+    def _initdb(self, *options: str) -> None:
         initdb = self._bin("initdb")  # raises the install hint before any directory is made
         root = self.directory
         if self._as_root:
@@ -563,20 +615,29 @@ class LocalPostgres(ThrowAway):
                 "UTF8",
                 "--no-locale",
                 "--no-sync",
+                *options,
             ]
         )
         self._write_settings()
         self._initialised = True
 
     def _write_settings(self) -> None:
+        settings = self.settings
+        if _OUTPUT_PLUGIN_SETTING not in settings and self._knows(_OUTPUT_PLUGIN_SETTING):
+            settings[_OUTPUT_PLUGIN_SETTING] = _OUTPUT_PLUGINS
         lines = [
             "# Written by cdc_relay.local.LocalPostgres; ALTER SYSTEM may append below.",
-            *(f"{key} = {_quote_setting(value)}" for key, value in self.settings.items()),
+            *(f"{key} = {_quote_setting(value)}" for key, value in settings.items()),
         ]
         auto_conf = self.data_dir / "postgresql.auto.conf"
         # Opening the existing file keeps its owner (postgres when we run as root).
         with auto_conf.open("w") as fh:
             fh.write("\n".join(lines) + "\n")
+
+    def _knows(self, setting: str) -> bool:
+        """Whether this server has ``setting`` (``postgres -C`` on the stopped data directory)."""
+        probe = [str(self._bin("postgres")), "-D", str(self.data_dir), "-C", setting]
+        return self._run(probe, check=False, timeout=30).returncode == 0
 
     def _read_postmaster_pid(self) -> int | None:
         if self._root is None:

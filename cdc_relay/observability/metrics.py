@@ -183,7 +183,7 @@ class RelayMetrics:
         )
         counter(
             "cdc_relay.transactions.relayed",
-            "Source transactions read to their commit",
+            "Source transactions with outbox events read to their commit",
             lambda: stats.transactions,
             "{transaction}",
         )

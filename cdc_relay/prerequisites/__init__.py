@@ -105,6 +105,7 @@ class Prerequisites:
             ("replication slots", server.replication_slots),
             ("wal senders", server.wal_senders),
             ("privileges", server.privileges),
+            ("output plugin", server.output_plugin),
         ]
         checks += [(f"table {t.table}", partial(self.outbox.table, t)) for t in self.tables]
         checks += [
@@ -128,6 +129,7 @@ def require(conn: Connection, settings: Settings) -> None:
         ("server version", checks.server.server_version),
         ("wal_level", checks.server.wal_level),
         ("privileges", checks.server.replication_role),
+        ("output plugin", checks.server.output_plugin),
     ]
     steps += [(f"table {t.table}", partial(checks.outbox.table_columns, t)) for t in checks.tables]
     steps.append(("publication", checks.publication.publication_covers))

@@ -1,11 +1,28 @@
 """Checks of the server and the relay's role: what any streaming client needs (version,
-``wal_level``, a free slot and WAL sender, REPLICATION) and the sweeper's grants."""
+``wal_level``, a free slot and WAL sender, REPLICATION, an output plugin the server lets it use)
+and the sweeper's grants."""
 
 from __future__ import annotations
 
-from cdc_relay.config import sql_name
+import csv
+
+import psycopg
+from psycopg import sql
+
+from cdc_relay.config import Plugin, sql_name
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.replication.source import MIN_SERVER_VERSION, relation_oid, scalar
+
+# The output plugins a server lets roles decode through, where it restricts them (a setting of the
+# newest minor releases; older servers have none and restrict nothing).
+OUTPUT_PLUGIN_SETTING = "output_plugin_libraries"
+
+
+def listed_plugins(value: str) -> list[str]:
+    """The names in a list setting as PostgreSQL shows it: comma-separated, each optionally
+    double-quoted (a quoted name may hold a comma; ``""`` is a quote in it)."""
+    fields = next(csv.reader([value], skipinitialspace=True), [])
+    return [name.strip() for name in fields if name.strip()]
 
 
 class ServerChecks(Checks):
@@ -59,6 +76,36 @@ class ServerChecks(Checks):
                 "or stop an unused replication client"
             )
         return f"{used} of {limit} in use"
+
+    def output_plugin(self) -> str | None:
+        """The server lets roles decode through the relay's plugin (None: it restricts none)."""
+        plugin = self.settings.plugin.value
+        try:
+            with self.conn.transaction():
+                shown = scalar(self.conn, "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING)
+        except psycopg.errors.InsufficientPrivilege:
+            # Readable by superusers and pg_read_all_settings only: creating or streaming from
+            # the slot says it then, if the server does not list the plugin.
+            return (
+                f"{plugin}; this role may not read {OUTPUT_PLUGIN_SETTING} (superusers and "
+                f"pg_read_all_settings may): the server must list {plugin} there if it restricts "
+                "output plugins"
+            )
+        if shown is None:
+            return None
+        listed = listed_plugins(str(shown))
+        if plugin in listed:
+            return f"{plugin}, which {OUTPUT_PLUGIN_SETTING} lists"
+        statement = sql.SQL("ALTER SYSTEM SET {} = {}").format(
+            sql.SQL(OUTPUT_PLUGIN_SETTING),  # our own constant
+            sql.SQL(", ").join(sql.Literal(name) for name in [*listed, plugin]),
+        )
+        other = "" if plugin == Plugin.PGOUTPUT else " (or use CDC_RELAY_PLUGIN=pgoutput)"
+        raise Unmet(
+            f"the server lets no role decode through {plugin}: {OUTPUT_PLUGIN_SETTING} is "
+            f"{str(shown)!r}; as a superuser: {statement.as_string(self.conn)}; SELECT "
+            f"pg_reload_conf(){other}"
+        )
 
     def replication_role(self) -> str:
         """The role may stream the WAL (REPLICATION, a superuser, or on Amazon RDS and Aurora a

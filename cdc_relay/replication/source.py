@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MIN_SERVER_VERSION = 140000
 FAILOVER_SERVER_VERSION = 170000  # failover slots, slot synchronisation
+EMIT_FLUSH_SERVER_VERSION = 170000  # pg_logical_emit_message gained a 4th argument, flush
 
 Connection = psycopg.Connection[tuple[object, ...]]
 
@@ -307,12 +308,15 @@ class Heartbeats:
         except psycopg.errors.InsufficientPrivilege:
             self.refused = True
             user = self.conn.info.user
+            arguments = "boolean, text, text"
+            if self.conn.info.server_version >= EMIT_FLUSH_SERVER_VERSION:
+                arguments += ", boolean"
             log.warning(
                 "heartbeats are off: this role may not execute pg_logical_emit_message",
                 extra={
                     "fields": {
                         "fix": "as a superuser: GRANT EXECUTE ON FUNCTION pg_catalog."
-                        f"pg_logical_emit_message(boolean, text, text) TO {user} (or "
+                        f"pg_logical_emit_message({arguments}) TO {user} (or "
                         "CDC_RELAY_HEARTBEAT_INTERVAL=0)"
                     }
                 },

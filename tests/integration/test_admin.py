@@ -18,6 +18,7 @@ import pytest
 
 from cdc_relay.local import LocalPostgres
 from cdc_relay.local.lifetime import free_port
+from cdc_relay.prerequisites.server import OUTPUT_PLUGIN_SETTING
 from cdc_relay.publisher import admin_config
 from cdc_relay.replication.stream import ReplicationStream
 from tests.conftest import KafkaBroker, skip_if_external
@@ -127,8 +128,10 @@ def test_setup_twice_is_idempotent(env: dict[str, str], messages: bool) -> None:
 
 
 def test_setup_gives_the_publication_the_configured_row_filter(
-    database: str, env: dict[str, str]
+    database: str, env: dict[str, str], row_filters_missing: str | None
 ) -> None:
+    if row_filters_missing:
+        pytest.skip(row_filters_missing)
     filtered = {**env, "CDC_RELAY_OUTBOX_ROW_FILTER": "aggregate_type IN ('order', 'invoice')"}
     assert cdc_relay(filtered, "setup", "--create-outbox").returncode == 0
     publication = env["CDC_RELAY_PUBLICATION_NAME"]
@@ -248,6 +251,15 @@ def test_check_passes_on_a_set_up_database(env: dict[str, str], plugin: str) -> 
     if plugin == "wal2json":
         expected.add("wal2json")
         assert lines["wal2json"] == "ok   wal2json: installed"
+    restricted = scalar(
+        env["CDC_RELAY_DATABASE_URL"], "SELECT current_setting(%s, true)", OUTPUT_PLUGIN_SETTING
+    )
+    if restricted is not None:  # a server that restricts output plugins (newest minors)
+        expected.add("output plugin")
+        assert (
+            lines["output plugin"]
+            == f"ok   output plugin: {plugin}, which {OUTPUT_PLUGIN_SETTING} lists"
+        )
     assert set(lines) == expected
     assert f"{env['CDC_RELAY_SLOT_NAME']} ({plugin}) idle" in lines["slot"]
     assert lines["leadership"].startswith("ok   leadership: no relay has led this slot yet")

@@ -233,11 +233,13 @@ def test_inserts_unpublished_for_a_while_stop_the_relay_and_are_never_swept(
 
 
 def test_a_row_filter_set_on_the_publication_stops_the_relay(
-    run: Run, reader: BackgroundReader
+    run: Run, reader: BackgroundReader, row_filters_missing: str | None
 ) -> None:
     """A DBA gives the publication a row filter the relay does not have: pgoutput stops
     sending the rows it leaves out. The relay stops; its restart sets its own filter again and
     names the rows the other one kept from it, which stay in the outbox."""
+    if row_filters_missing:
+        pytest.skip(row_filters_missing)
     relay = run.relay()
     try:
         relay.wait_streaming()
@@ -258,10 +260,12 @@ def test_a_row_filter_set_on_the_publication_stops_the_relay(
 
 
 def test_a_column_list_on_the_publication_stops_the_relay_and_its_start(
-    run: Run, reader: BackgroundReader
+    run: Run, reader: BackgroundReader, column_lists_missing: str | None
 ) -> None:
     """A column list without a mapped column: the relay stops, and refuses to start (exit 3,
     naming the statement that fixes it) until every mapped column is published again."""
+    if column_lists_missing:
+        pytest.skip(column_lists_missing)
     relay = run.relay()
     try:
         relay.wait_streaming()
@@ -289,10 +293,12 @@ def test_a_column_list_on_the_publication_stops_the_relay_and_its_start(
 
 
 def test_setup_with_another_row_filter_is_refused_while_a_relay_streams(
-    run: Run, reader: BackgroundReader
+    run: Run, reader: BackgroundReader, row_filters_missing: str | None
 ) -> None:
     """``setup`` would give the publication its own row filter: refused (exit 3, naming the
     relay that streams), and the relay streams on untouched."""
+    if row_filters_missing:
+        pytest.skip(row_filters_missing)
     with run.streaming() as relay:
         _arrive(reader, run.write(2))
         result = cdc_relay({**run.env, "CDC_RELAY_OUTBOX_ROW_FILTER": "event_type = 'x'"}, "setup")

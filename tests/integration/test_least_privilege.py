@@ -15,7 +15,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc_relay.ddl import ROLE_SQL, STATE_SQL, packaged_sql
+from cdc_relay.ddl import EMIT_SQL, ROLE_SQL, STATE_SQL, packaged_sql
+from cdc_relay.replication.source import HEARTBEAT_PREFIX
 from tests.conftest import KafkaBroker
 from tests.integration.relay_support import (
     OUTBOX_DDL,
@@ -157,6 +158,53 @@ def test_relay_and_sweeper_run_as_the_documented_role(
     assert "sweep failed" not in relay.logs()
 
 
+def test_with_messages_trusted_the_documented_role_keeps_its_heartbeats(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    """sql/004 revokes every overload of pg_logical_emit_message from PUBLIC; the relay's role
+    keeps the one its heartbeats call (sql/005 grants it by its signature on this server): the
+    heartbeats reach the WAL, and a table-less event is published."""
+    relay_url, _owner = least_privilege
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(packaged_sql(EMIT_SQL).encode())  # as a superuser
+        public = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE proname = 'pg_logical_emit_message' "
+            "AND has_function_privilege('public', oid, 'EXECUTE')"
+        ).fetchone()
+        assert public == (0,)
+        # A slot of the test's own that reads the WAL the heartbeats write (pgoutput sends
+        # non-transactional logical messages when asked, whatever the publication).
+        conn.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"watch_{unique}",)
+        )
+    env = relay_env(
+        relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,
+        messages="true", heartbeat_interval="0.2",
+    )  # fmt: skip
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        with psycopg.connect(database, autocommit=True) as conn:
+            row = conn.execute("SELECT outbox_emit('order', 'o-1', 'created', '{}')").fetchone()
+        records = consume_all(broker.bootstrap_servers, f"{unique}.order", 1, 30)
+        time.sleep(1.0)  # a few heartbeats more
+        code = relay.stop()
+    finally:
+        relay.close()
+    assert code == 0, relay.logs()
+    assert row is not None
+    assert [r.header("id") for r in records] == [str(row[0]).encode()]
+    assert "heartbeats are off" not in relay.logs()
+    with psycopg.connect(database, autocommit=True) as conn:
+        changes = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+            "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+            (f"watch_{unique}", PUBLICATION),
+        ).fetchall()
+    heartbeats = [data for (data,) in changes if HEARTBEAT_PREFIX.encode() in bytes(data)]
+    assert len(heartbeats) >= 3, f"{len(heartbeats)} heartbeats in {len(changes)} changes"
+
+
 def test_check_names_each_missing_grant(
     database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
 ) -> None:
@@ -230,8 +278,14 @@ def test_a_standby_of_the_same_role_takes_over_from_a_hung_leader(
 
 
 def test_a_publication_the_relay_does_not_own_keeps_its_filter_until_its_owner_fixes_it(
-    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+    database: str,
+    broker: KafkaBroker,
+    unique: str,
+    least_privilege: tuple[str, str],
+    row_filters_missing: str | None,
 ) -> None:
+    if row_filters_missing:
+        pytest.skip(row_filters_missing)
     relay_url, owner = least_privilege
     env = relay_env(
         relay_url, broker.bootstrap_servers, unique, publication_name=PUBLICATION,

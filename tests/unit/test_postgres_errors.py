@@ -41,6 +41,7 @@ ADAPTERS = {
     "local/postgres.py",
     "postgres_errors.py",
     "prerequisites/__init__.py",
+    "prerequisites/server.py",
     "prerequisites/slot.py",
     "prerequisites/state.py",
     "publication_filter.py",

@@ -8,6 +8,7 @@ the test, so every test also says which queries a check asks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -65,8 +66,13 @@ class FakeDatabase:
         self.asked.append(text)
         for fragment, rows in self.answers.items():
             if fragment in text:
+                if isinstance(rows, Exception):
+                    raise rows
                 return _Rows(rows)
         raise AssertionError(f"unscripted query: {text}")
+
+    def transaction(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 ROLE_QUERY = "r.rolsuper, r.rolreplication, "
@@ -158,6 +164,44 @@ def test_replication_role_passes_for_a_member_of_rds_replication() -> None:
     database = FakeDatabase(first_row(replication=False, rds_replication=True))
     server = Prerequisites(cast(Connection, database), settings()).server
     assert server.replication_role() == "rds_replication"
+
+
+PLUGIN_SETTING = "SELECT current_setting(%s, true)"
+
+
+def test_output_plugin_says_nothing_where_the_server_restricts_no_plugin() -> None:
+    assert checks({PLUGIN_SETTING: [(None,)]}).server.output_plugin() is None
+
+
+def test_output_plugin_where_the_role_may_not_read_the_setting_says_what_must_hold() -> None:
+    refused = psycopg.errors.InsufficientPrivilege(
+        'permission denied to examine "output_plugin_libraries"'
+    )
+    assert checks({PLUGIN_SETTING: refused}).server.output_plugin() == (
+        "pgoutput; this role may not read output_plugin_libraries (superusers and "
+        "pg_read_all_settings may): the server must list pgoutput there if it restricts output "
+        "plugins"
+    )
+
+
+def test_output_plugin_passes_when_listed_and_fails_with_the_statement_that_lists_it() -> None:
+    listed = {PLUGIN_SETTING: [("pgoutput, test_decoding",)]}
+    assert checks(listed).server.output_plugin() == (
+        "pgoutput, which output_plugin_libraries lists"
+    )
+    failed = unmet(checks(listed, plugin="wal2json").server.output_plugin)
+    assert failed.fix == (
+        "the server lets no role decode through wal2json: output_plugin_libraries is "
+        "'pgoutput, test_decoding'; as a superuser: ALTER SYSTEM SET output_plugin_libraries = "
+        "'pgoutput', 'test_decoding', 'wal2json'; SELECT pg_reload_conf() (or use "
+        "CDC_RELAY_PLUGIN=pgoutput)"
+    )
+    # A quoted name is one name, whatever it holds: "pgoutput, x" is not pgoutput.
+    quoted = {PLUGIN_SETTING: [('"pgoutput, x", test_decoding',)]}
+    failed = unmet(checks(quoted).server.output_plugin)
+    assert (
+        "ALTER SYSTEM SET output_plugin_libraries = 'pgoutput, x', 'test_decoding', 'pgoutput';"
+    ) in failed.fix
 
 
 def test_a_dropped_role_stops_before_any_check() -> None:
@@ -504,6 +548,7 @@ def test_require_passes_on_a_ready_database() -> None:
             "SELECT attname FROM pg_attribute": ALL_COLUMNS,
             "SELECT pubinsert FROM pg_publication": [],
             EMIT_FUNCTIONS: [],
+            PLUGIN_SETTING: [(None,)],
         }
     )
     require(cast(Connection, database), settings(sweep_interval=0))
@@ -517,6 +562,7 @@ def test_report_names_every_check_in_the_order_check_prints_them() -> None:
         "replication slots",
         "wal senders",
         "privileges",
+        "output plugin",
         "table public.outbox",
         "state table",
         "publication",

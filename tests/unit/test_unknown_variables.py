@@ -3,6 +3,7 @@ ignores it, so a misspelt setting would silently keep its default."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,17 @@ def test_the_names_come_from_the_environment_and_dotenv(
     assert "CDC_RELAY_FROM_THE_ENVIRONMENT" in names
     assert "CDC_RELAY_FROM_DOTENV" in names
     assert "CDC_RELAY_FROM_DOTENV" not in configured_names(tmp_path / "missing")
+
+
+def test_every_variable_ci_hands_to_the_relays_it_runs_is_a_setting_or_the_projects_own() -> None:
+    """CI's own switches reach every relay its tests start (exported, or set for one command):
+    one that no setting reads and NOT_SETTINGS lacks makes every relay warn and `check` fail."""
+    script = (Path(__file__).parents[2] / ".ci" / "run").read_text()
+    exported = set(re.findall(r"^\s*export (CDC_RELAY_\w+)", script, flags=re.MULTILINE))
+    # NAME=value followed by a command (or a continued line): set for that command alone.
+    assignments = r'^\s*(CDC_RELAY_\w+)=(?:"[^"]*"|\S+)(.*)$'
+    for name, rest in re.findall(assignments, script, flags=re.MULTILINE):
+        if rest.strip():
+            exported.add(name)
+    assert "CDC_RELAY_POSTGRES_BINDIR" in exported  # the parse finds what CI does export
+    assert unknown_variables(sorted(exported)) == []
