@@ -32,6 +32,10 @@ from cdc_relay.postgres_errors import During, error_for
 from cdc_relay.publication_stamp import PublicationStamp, StampQuery, change_error
 from cdc_relay.reconcile import Offsets, decode_offsets, encode_offsets
 from cdc_relay.record_origin import SERVER_SQL, STAMP_SQL, Server, Stamp, server_from_row
+from cdc_relay.recovery.horizon import Fence, Horizon, HorizonTracker, Snapshot, horizon_from_json
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.loss import what_happened
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.waits import POSITION_MEANS, STATE_DDL_MEANS, Watched, unwatched
 
 STATE_TABLE = "slot_position"
@@ -50,6 +54,8 @@ STATE_COLUMNS = {
         "publication_stamp",
         "stamp_checked_xid",
         "sweep_horizons",
+        "recovery_horizon",
+        "recovery",
     ),
     LEASE_TABLE: ("slot_name", "holder", "lock_pid", "stream_pid", "renewed_at", "expires_at"),
 }
@@ -68,6 +74,48 @@ _OVERRIDE = "CDC_RELAY_ALLOW_SLOT_RESET=true (or --allow-slot-reset)"
 # Written with the publication's stamp: the oldest transaction running at that check. Rows of
 # later transactions may have been decoded after a change the next check finds.
 CHECKED_XID = "pg_snapshot_xmin(pg_current_snapshot())"
+
+# What each write of the position returns: its fence (cdc_relay.recovery.horizon) and the record.
+_FENCE_SQL = (
+    "pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, pg_current_xact_id()::text, "
+    "p.sweep_from_xid::text, p.acked_offsets::text, p.written_from::text, "
+    "p.recovery_horizon::text"
+)
+_NEXT_XID = "pg_snapshot_xmax(pg_current_snapshot())"  # a boundary taken in a statement
+_NOTHING_RETURNED = sql.SQL("1")
+
+
+def _new_slot_horizon(boundary: str, position: str) -> str:
+    """The horizon of a new slot's boundary (SQL, braces doubled for ``sql.SQL.format``): nothing
+    proven, and every record of a row of it still to come (no offsets).
+
+    Exact only there: creating the slot waited for every transaction running, so none at or after
+    the boundary committed before the slot's start. A boundary restarted under a running relay
+    (a row filter or the publication changed) gets none (NULL): a transaction may then be waiting
+    for a synchronous standby with its commit already streamed, and its id above the boundary;
+    the relay's next writes take the first horizon from their own fences."""
+    return (
+        f"jsonb_build_object('boundary', ({boundary})::text, 'snapshot', ({boundary})::text "
+        f"|| ':' || ({boundary})::text || ':', 'offsets', '{{{{}}}}'::jsonb, "
+        f"'noted', '{{{{}}}}'::jsonb, 'position', ({position})::text)"
+    )
+
+
+def fence_from_row(row: tuple[object, ...], position: int) -> tuple[Fence, Horizon | None]:
+    """A write's fence and the horizon it left, from its :data:`_FENCE_SQL` columns."""
+    snapshot, insert_lsn, xid, boundary, offsets, noted, horizon = row
+    parsed = Snapshot.parse(str(snapshot))
+    assert parsed is not None  # PostgreSQL's own text
+    fence = Fence(
+        boundary=int(str(boundary)) if boundary is not None else 0,
+        snapshot=parsed,
+        insert_lsn=parse_lsn(str(insert_lsn)),
+        xid=int(str(xid)),
+        position=position,
+        offsets=decode_offsets(offsets) or {},
+        noted=decode_offsets(noted) or {},
+    )
+    return fence, horizon_from_json(horizon)
 
 
 def fenced(rowcount: int, outcome: str) -> None:
@@ -130,6 +178,8 @@ class Record:
     publication_stamp: object = None  # as stored (JSON); see cdc_relay.publication_stamp
     stamp_checked_xid: int | None = None  # the oldest transaction running at its last check
     updated_at: str | None = None  # when the position was last written
+    horizon: Horizon | None = None  # what the record proves published (cdc_relay.recovery)
+    recovery: object = None  # a recovery's plan and progress, as stored (JSON)
 
 
 class CheckpointStore(Protocol):
@@ -162,6 +212,8 @@ class PostgresCheckpointStore:
         self._holder = holder
         # The publication the relay verified (see verify()): every write then requires it.
         self._verified: tuple[PublicationStamp, sql.Composed] | None = None
+        # What the writes of the position proved published (cdc_relay.recovery.horizon).
+        self.horizons = HorizonTracker()
 
     def verify(self, stamp: PublicationStamp) -> None:
         """From now on every write of the position (and of the row filters) happens only while
@@ -259,7 +311,8 @@ class PostgresCheckpointStore:
         query = sql.SQL(
             "SELECT p.confirmed_lsn::text, p.system_identifier, p.timeline_id, "
             "p.sweep_from_xid::text, p.row_filters, p.publication_stamp, "
-            f"p.stamp_checked_xid::text, p.updated_at::text, {SERVER_SQL} "
+            "p.stamp_checked_xid::text, p.updated_at::text, p.recovery_horizon::text, "
+            f"p.recovery, {SERVER_SQL} "
             "FROM (SELECT 1) one LEFT JOIN {} p ON p.slot_name = %s"
         ).format(self._table)
         try:
@@ -282,6 +335,8 @@ class PostgresCheckpointStore:
             published,
             checked,
             updated,
+            horizon,
+            recovery,
             *server,
         ) = row
         stamp = (
@@ -301,6 +356,8 @@ class PostgresCheckpointStore:
             published,
             None if checked is None else int(str(checked)),
             None if updated is None else str(updated),
+            horizon_from_json(horizon),
+            recovery,
         )
 
     def save(
@@ -323,7 +380,11 @@ class PostgresCheckpointStore:
         Every write stamps the record with the server it is written on (see
         :mod:`cdc_relay.record_origin`): a primary, the one whose slot the position is of.
         """
-        values = f"%s, %s::pg_lsn, pg_snapshot_xmax(pg_current_snapshot()), %s::jsonb, {STAMP_SQL}"
+        horizon = self.horizons.to_record(lsn)
+        values = (
+            f"%s, %s::pg_lsn, {_NEXT_XID}, %s::jsonb, {STAMP_SQL}, "
+            f"CASE WHEN %s THEN {_new_slot_horizon(_NEXT_XID, '%s::pg_lsn')} END"
+        )
         upsert = (
             "ON CONFLICT (slot_name) DO UPDATE SET confirmed_lsn = EXCLUDED.confirmed_lsn, "
             "system_identifier = EXCLUDED.system_identifier, "
@@ -332,17 +393,25 @@ class PostgresCheckpointStore:
             "ELSE coalesce(p.sweep_from_xid, EXCLUDED.sweep_from_xid) END, "
             "acked_offsets = CASE WHEN %s THEN EXCLUDED.acked_offsets "
             "ELSE coalesce(EXCLUDED.acked_offsets, p.acked_offsets) END, "
-            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END"
+            "written_from = CASE WHEN %s THEN NULL ELSE p.written_from END, "
+            # A new boundary starts with nothing proven; a horizon is written only under the
+            # boundary it is of (cdc_relay.recovery.horizon).
+            "recovery_horizon = CASE WHEN %s THEN EXCLUDED.recovery_horizon "
+            "WHEN p.sweep_from_xid = (%s::jsonb->>'boundary')::xid8 THEN %s::jsonb "
+            "WHEN p.sweep_from_xid IS NULL THEN NULL ELSE p.recovery_horizon END"
         )
         columns = (
             "(slot_name, confirmed_lsn, sweep_from_xid, acked_offsets, system_identifier, "
-            "timeline_id"
+            "timeline_id, recovery_horizon"
         )
         encoded = encode_offsets(offsets).decode() if offsets is not None else None
-        row = (self._slot, format_lsn(lsn), encoded, new_slot, new_slot, new_slot)
+        text = None if horizon is None else horizon.text
+        head = (self._slot, format_lsn(lsn), encoded, new_slot, format_lsn(lsn))
+        tail = (new_slot, new_slot, new_slot, new_slot, text, text)
+        returned: tuple[object, ...] | None
         if self._verified is not None:
             stamp, _ = self._verified
-            self._checked_write(
+            returned = self._checked_write(
                 sql.SQL(
                     f"INSERT INTO {{table}} AS p {columns}, publication_stamp, stamp_checked_xid) "
                     f"SELECT {values}, found.stamp, {CHECKED_XID} FROM {{sources}} "
@@ -350,27 +419,42 @@ class PostgresCheckpointStore:
                     "publication_stamp = EXCLUDED.publication_stamp, "
                     "stamp_checked_xid = EXCLUDED.stamp_checked_xid"
                 ),
-                (*row[:3], stamp.text, *row[3:]),
+                (*head, stamp.text, *tail),
                 "the position was not recorded",
+                returning=sql.SQL(_FENCE_SQL),
             )
-            return
-        if self._holder is None:
-            query = sql.SQL(f"INSERT INTO {{}} AS p {columns}) VALUES ({values}) {upsert}").format(
-                self._table
-            )
-            self._write(query, row)
-            return
-        query = sql.SQL(
-            "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
-            f"INSERT INTO {{}} AS p {columns}) SELECT {values} FROM lease {upsert}"
-        ).format(self._lease, self._table)
-        cursor = self._write(query, (self._slot, self._holder, *row))
-        fenced(cursor.rowcount, "the position was not recorded")
+        elif self._holder is None:
+            query = sql.SQL(
+                f"INSERT INTO {{}} AS p {columns}) VALUES ({values}) {upsert} "
+                f"RETURNING {_FENCE_SQL}"
+            ).format(self._table)
+            found = self._write(query, (*head, *tail)).fetchone()
+            returned = None if found is None else tuple(found)
+        else:
+            query = sql.SQL(
+                "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
+                f"INSERT INTO {{}} AS p {columns}) SELECT {values} FROM lease {upsert} "
+                f"RETURNING {_FENCE_SQL}"
+            ).format(self._lease, self._table)
+            cursor = self._write(query, (self._slot, self._holder, *head, *tail))
+            fenced(cursor.rowcount, "the position was not recorded")
+            found = cursor.fetchone()
+            returned = None if found is None else tuple(found)
+        if returned is not None:
+            fence, stored = fence_from_row(returned, lsn)
+            self.horizons.written(fence, stored)
 
-    def _checked_write(self, write: sql.SQL, params: tuple[object, ...], outcome: str) -> None:
+    def _checked_write(
+        self,
+        write: sql.SQL,
+        params: tuple[object, ...],
+        outcome: str,
+        returning: sql.Composable = _NOTHING_RETURNED,
+    ) -> tuple[object, ...]:
         """``write`` (reading ``found.stamp`` from ``{sources}``, the lease row and the stamp
-        found now, and writing only while it is the verified one) as one statement: written, or
-        LeadershipLost (another holder), or PublicationChanged (another stamp)."""
+        found now, and writing only while it is the verified one) as one statement: written (what
+        it returned, ``returning``), or LeadershipLost (another holder), or PublicationChanged
+        (another stamp)."""
         assert self._verified is not None
         verified, expression = self._verified
         lease = (
@@ -382,19 +466,21 @@ class PostgresCheckpointStore:
         )
         query = sql.SQL(
             "WITH lease AS ({lease}), found AS (SELECT {expression} AS stamp), "
-            "written AS ({write} RETURNING 1) SELECT (SELECT count(*) FROM written), "
-            "(SELECT count(*) FROM lease), (SELECT stamp::text FROM found)"
+            "written AS ({write} RETURNING {returning}) SELECT (SELECT count(*) FROM written), "
+            "(SELECT count(*) FROM lease), (SELECT stamp::text FROM found), w.* "
+            "FROM (SELECT 1) one LEFT JOIN written w ON true"
         ).format(
             lease=lease,
             expression=expression,
+            returning=returning,
             write=write.format(table=self._table, sources=sql.SQL("lease, found")),
         )
         leased = (self._slot, self._holder) if self._holder is not None else ()
         row = self._write(query, (*leased, *params)).fetchone()
         assert row is not None
-        written, lease_rows, found = row
+        written, lease_rows, found, *returned = row
         if written == 1:
-            return
+            return tuple(returned)
         fenced(int(str(lease_rows)), outcome)
         now = PublicationStamp(orjson.loads(str(found)))
         if now.data == verified.data:
@@ -419,7 +505,8 @@ class PostgresCheckpointStore:
         encoded = orjson.dumps(dict(filters)).decode()
         boundary = (
             "sweep_from_xid = CASE WHEN %s THEN pg_snapshot_xmax(pg_current_snapshot()) "
-            "ELSE sweep_from_xid END"
+            "ELSE sweep_from_xid END, recovery_horizon = CASE WHEN %s THEN NULL "
+            "ELSE recovery_horizon END"
         )
         if self._verified is not None:
             stamp, _ = self._verified
@@ -429,7 +516,7 @@ class PostgresCheckpointStore:
                     f"publication_stamp = found.stamp, stamp_checked_xid = {CHECKED_XID} "
                     "FROM {sources} WHERE slot_name = %s AND found.stamp = %s::jsonb"
                 ),
-                (encoded, changed, self._slot, stamp.text),
+                (encoded, changed, changed, self._slot, stamp.text),
                 "nothing was recorded",
             )
             return
@@ -437,14 +524,14 @@ class PostgresCheckpointStore:
             query = sql.SQL(
                 f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s"
             ).format(self._table)
-            self._run(query, (encoded, changed, self._slot))
+            self._run(query, (encoded, changed, changed, self._slot))
             return
         query = sql.SQL(
             "WITH lease AS (SELECT 1 FROM {} WHERE slot_name = %s AND holder = %s FOR UPDATE) "
             f"UPDATE {{}} SET row_filters = %s::jsonb, {boundary} WHERE slot_name = %s "
             "AND EXISTS (SELECT 1 FROM lease)"
         ).format(self._lease, self._table)
-        cursor = self._run(query, (self._slot, self._holder, encoded, changed, self._slot))
+        cursor = self._run(query, (self._slot, self._holder, encoded, changed, changed, self._slot))
         fenced(cursor.rowcount, "nothing was recorded")
 
     def load_offsets(self) -> tuple[Offsets | None, Offsets | None]:
@@ -489,16 +576,31 @@ class PostgresCheckpointStore:
         row = self._run(query, (self._slot,)).fetchone()
         return int(str(row[0])) if row and row[0] is not None else None
 
-    def restart_sweep_boundary(self) -> int | None:
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None:
         """Take the sweep boundary afresh (a publication's row filter just changed, or the
         publication itself): rows of transactions from before are left alone, for they were
         decoded under the old one and may not have been published. Returns the new boundary;
-        None: no record yet (the first :meth:`save` takes it)."""
+        None: no record yet (the first :meth:`save` takes it).
+
+        With ``gap`` (the publication changed under the relay), the recovery of the rows it may
+        have kept from the slot is planned in the same statement, unless another recovery has
+        not ended: up to the new boundary, those its snapshot sees (committed before it; later
+        ones are streamed), the positions of its records from the WAL's end now
+        (:mod:`cdc_relay.recovery`)."""
+        plan = (
+            "recovery = CASE WHEN %s::jsonb IS NULL OR coalesce(recovery->>'state', 'done') "
+            "<> 'done' THEN recovery ELSE %s::jsonb || jsonb_build_object('snapshot', "
+            f"pg_current_snapshot()::text, 'below', {_NEXT_XID}::text, 'slot_lsn', "
+            "pg_current_wal_insert_lsn()::text, 'commit_order', CASE WHEN "
+            "current_setting('track_commit_timestamp') = 'on' THEN 'commit_timestamp' "
+            "ELSE 'xid' END) END"
+        )
         query = sql.SQL(
-            "UPDATE {} SET sweep_from_xid = pg_snapshot_xmax(pg_current_snapshot()) "
+            f"UPDATE {{}} SET sweep_from_xid = {_NEXT_XID}, recovery_horizon = NULL, {plan} "
             "WHERE slot_name = %s RETURNING sweep_from_xid::text"
         ).format(self._table)
-        row = self._run(query, (self._slot,)).fetchone()
+        text = None if gap is None else gap.text
+        row = self._run(query, (text, text, self._slot)).fetchone()
         return None if row is None else int(str(row[0]))
 
     def _run(
@@ -532,18 +634,13 @@ def check_missing_slot(slot_name: str, recorded: int | None, allow_reset: bool) 
     """
     if recorded is None:
         return None
-    gap = (
-        f"replication slot {slot_name!r} is missing, but the relay had confirmed up to "
-        f"{format_lsn(recorded)}: it was dropped after the relay used it, and events committed "
-        "after that and before a new slot would be skipped"
-    )
     if not allow_reset:
-        raise PositionMismatch(
-            f"{gap}. No new slot is created over that gap (the relay refuses to start, exit "
-            f"code {PositionMismatch.exit_code}): re-publish those events yourself (or accept "
-            f"the gap), then start the relay once with {_OVERRIDE}"
-        )
-    return f"{gap}; starting anyway because slot reset is allowed"
+        raise PositionMismatch(loss_refusal(slot_name, Cause.DROPPED, recorded, None))
+    gap = what_happened(slot_name, Cause.DROPPED, recorded, None)
+    return (
+        f"{gap}, and events committed after that and before a new slot are skipped; starting "
+        "anyway because slot reset is allowed"
+    )
 
 
 def resolve_start(

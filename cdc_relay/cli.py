@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = build_parser(prog).parse_args(argv)
     if args.command not in (None, "run"):
         gc.enable()  # paused while the modules loaded (__main__); run() tunes it
-    if args.command in (None, "run", "sweep", "demo"):
+    if args.command in (None, "run", "sweep", "demo", "recover"):
         install_stack_dumps()
     try:
         return _command(args, prog)
@@ -138,14 +138,31 @@ def _command(args: argparse.Namespace, prog: str) -> int:
         from cdc_relay.commands.status import main as status_main  # noqa: PLC0415 - only for this command
 
         return status_main(settings, args.relay_host)
-    if args.command in ("setup", "check", "sweep"):
+    if args.command in ("setup", "check", "sweep", "recover", "republish"):
         return maintenance(args, settings)
     return run(settings)
 
 
 def maintenance(args: argparse.Namespace, settings: Settings) -> int:
-    """The ``setup``, ``check`` and ``sweep`` commands (:mod:`cdc_relay.commands`)."""
+    """The operator commands (:mod:`cdc_relay.commands`): setup, check, sweep, recover,
+    republish."""
     # Imported late, as run() imports the relay: --help and --version stay fast.
+    if args.command == "recover":
+        from cdc_relay.commands.recover import recover  # noqa: PLC0415
+
+        return recover(settings, args.wait)
+    if args.command == "republish":
+        from cdc_relay.commands.republish import main as republish  # noqa: PLC0415
+
+        return republish(
+            settings,
+            since=args.since,
+            until=args.until,
+            aggregate_type=args.aggregate_type,
+            aggregate_id=args.aggregate_id,
+            topic=args.topic,
+            dry_run=args.dry_run,
+        )
     if args.command == "sweep":
         from cdc_relay.commands.sweep import sweep  # noqa: PLC0415
 

@@ -180,6 +180,30 @@ def _sweep_flags(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def _recover_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--wait",
+        type=_wait_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the leadership while a relay leads (60; "
+        f"{SWEEP_WAIT_BOUNDS.describe()})",
+    )
+
+
+def _republish_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--from", dest="since", metavar="ISO", help="rows created at or after this ISO 8601 time"
+    )
+    group.add_argument("--until", metavar="ISO", help="rows created before this ISO 8601 time")
+    group.add_argument("--aggregate-type", metavar="TYPE", help="rows of this aggregate type")
+    group.add_argument("--aggregate-id", metavar="ID", help="rows of this aggregate id")
+    group.add_argument(
+        "--to-topic", dest="topic", metavar="NAME", help="send to this topic, not their own"
+    )
+    group.add_argument("--dry-run", action="store_true", help="count the rows, send nothing")
+
+
 def _setup_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--create-outbox",
@@ -200,6 +224,8 @@ _OWN_FLAGS = {
     "demo": _demo_flags,
     "status": _status_flags,
     "sweep": _sweep_flags,
+    "recover": _recover_flags,
+    "republish": _republish_flags,
     "setup": _setup_flags,
     "settings": _settings_flags,
 }

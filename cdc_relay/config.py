@@ -98,6 +98,13 @@ class MissingTopics(StrEnum):
     FAIL = "fail"  # the record is refused (dead-letter or stop) with an error naming the topic
 
 
+class OnSlotLoss(StrEnum):
+    """What a start does when the slot was dropped or invalidated after the relay used it."""
+
+    REFUSE = "refuse"  # exit 4, naming `cdc-relay recover`
+    RECOVER = "recover"  # the leader recovers: a new slot, every unpublished row published
+
+
 class SlotFailover(StrEnum):
     """Whether the relay's slot is a failover slot (PostgreSQL 17+: synchronised to standbys)."""
 
@@ -673,6 +680,24 @@ class Settings(BaseSettings):
             "(accepts that events in the gap are not relayed)."
         ),
     )
+    on_slot_loss: OnSlotLoss = Field(
+        OnSlotLoss.REFUSE,
+        description=(
+            "The slot was dropped or invalidated (max_slot_wal_keep_size) after the relay used "
+            "it: refuse to start (exit 4, naming cdc-relay recover), or recover at the start: a "
+            "new slot, and every outbox row the relay has not provably published is published, "
+            "in commit order, none twice."
+        ),
+    )
+    adopt_condition: str | None = Field(
+        None,
+        description=(
+            "At the first start (no recorded position): publish the outbox rows already in the "
+            "table that match this condition, e.g. published_at IS NULL, before streaming — "
+            "adopting a table a polling publisher used (stop it first). The row filter's "
+            "grammar; the row filter applies too."
+        ),
+    )
     slot_failover: SlotFailover = Field(
         SlotFailover.AUTO,
         description=(
@@ -845,7 +870,9 @@ class Settings(BaseSettings):
 
     # The rules (functions above the class), in the order they run. Each setting's own:
     _secrets_from_files = model_validator(mode="before")(_read_secret_files)
-    _condition = field_validator("outbox_row_filter", "sweep_condition")(_optional_condition)
+    _condition = field_validator("outbox_row_filter", "sweep_condition", "adopt_condition")(
+        _optional_condition
+    )
     _time_zone = field_validator("sweep_time_zone")(_check_time_zone)
     _allowlist = field_validator("topic_allowlist")(_check_allowlist)
     _database_url = field_validator("database_url")(_check_database_url)
@@ -991,6 +1018,8 @@ SETTING_PARTS: dict[Part, tuple[str, ...]] = {
         "confirm_interval",
         "idle_confirm_interval",
         "shutdown_timeout",
+        "on_slot_loss",
+        "adopt_condition",
         "allow_slot_reset",
     ),
     Part.LEADERSHIP: ("leader_lease_timeout", "leader_renew_interval"),
@@ -1006,7 +1035,7 @@ SETTING_PARTS: dict[Part, tuple[str, ...]] = {
 }
 
 # Settings only some commands need (the rest need what has no default): the commands by name.
-REQUIRED_BY: dict[str, tuple[str, ...]] = {"kafka_bootstrap_servers": ("run", "check")}
+REQUIRED_BY: dict[str, tuple[str, ...]] = {"kafka_bootstrap_servers": ("run", "check", "recover")}
 
 
 def env_name(field: str) -> str:

@@ -66,10 +66,13 @@ EXIT_CODES: dict[ExitCode, Meaning] = {
     ExitCode.POSITION: Meaning(
         "slot or position mismatch",
         "The replication slot and the relay's recorded position disagree in a way that can "
-        "lose events: the slot was dropped or recreated, moved past the relay's record, or the "
-        "record was written on another server.",
-        "Read the message: it names the gap. Re-publish the events in it yourself, or accept "
-        "the gap with `CDC_RELAY_ALLOW_SLOT_RESET=true` for one start.",
+        "lose events: the slot was dropped, invalidated by the server (`max_slot_wal_keep_size`) "
+        "or recreated, moved past the relay's record, or the record was written on another "
+        "server; or a recovery of a lost slot has not ended.",
+        "Read the message: it names the gap. A dropped or invalidated slot: `cdc-relay recover` "
+        "publishes what never reached Kafka (or start with `CDC_RELAY_ON_SLOT_LOSS=recover`). "
+        "Otherwise re-publish the events in the gap yourself, or accept it with "
+        "`CDC_RELAY_ALLOW_SLOT_RESET=true` for one start.",
     ),
     ExitCode.POISON: Meaning(
         "poison record",

@@ -32,7 +32,8 @@ the verified publication" by construction. Each such write also records the olde
 then running (``stamp_checked_xid``): if the stamp a start finds differs from the recorded one in
 a way that can have kept rows from the slot (:func:`unrelayed_changes`), the rows of transactions
 from there on may never have been streamed. That start takes the sweep boundary afresh (no sweep
-deletes them) and names them; re-publishing them is the operator's. The sweeper deletes nothing
+deletes them), names them, and plans their recovery (:mod:`cdc_relay.recovery`: ``cdc-relay
+recover`` publishes those not in Kafka). The sweeper deletes nothing
 while the stamp it finds is not the recorded one (:func:`sweep_refusal`).
 
 Every catalog read here is allowed to any role (the catalogs are PUBLIC's): the least-privilege
@@ -438,8 +439,9 @@ def unrelayed_message(
         "the publication or an outbox table changed since the relay last recorded its "
         "position, so rows committed from then on may not have been relayed: the slot decodes "
         "each transaction under the publication as it was when it committed, and never again. "
-        "They stay in the outbox (no sweep deletes them): find them with the query below and "
-        "re-publish those that are not in Kafka yourself"
+        "They stay in the outbox (no sweep deletes them): `cdc-relay recover` (with the relays "
+        "stopped), or a start with CDC_RELAY_ON_SLOT_LOSS=recover, publishes those that are not "
+        "in Kafka, none twice; the query below lists them"
     )
     fields: dict[str, object] = {
         "changes": "; ".join(c.what for c in found),

@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -395,9 +395,24 @@ def _doubt(result: Reconciliation, reason: str) -> Reconciliation:
 QUEUED_KBYTES = 1024
 
 
+class RecordCheck(Protocol):
+    """What :func:`read_partitions` feeds: :class:`ReadBackCheck`, or a recovery's
+    (:mod:`cdc_relay.recovery.kafka_check`)."""
+
+    @property
+    def starts(self) -> Mapping[tuple[str, int], int]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def add(self, record: ReadBack) -> None: ...
+
+    def end(self, topic: str, partition: int) -> None: ...
+
+
 def read_partitions(
     client_config: Mapping[str, Any],
-    check: ReadBackCheck,
+    check: RecordCheck,
     timeout: float,
     stopping: Callable[[], bool] = lambda: False,
     committed_only: bool = False,

@@ -158,7 +158,7 @@ class Relay:
             settings,
             self.stats,
             leadership,
-            connect=lambda: PostgresStart(settings, leadership, waits),
+            connect=lambda: PostgresStart(settings, leadership, waits, self.stats),
             read_back=kafka_read_back(settings, lambda: self.stopping),
             stopping=lambda: self.stopping,
             sleep=self._stop.wait,

@@ -79,7 +79,10 @@ Guards, checked every pass before anything is deleted:
 - nothing is swept while the publication and the outbox tables are not what the relay verified
   and recorded with its position (:mod:`cdc_relay.publication_stamp`): the relay records no
   position past a change, and the start after one takes the sweep boundary afresh; until then,
-  rows committed since may never have been streamed.
+  rows committed since may never have been streamed;
+- nothing is swept while a recovery of a lost slot has not ended (:mod:`cdc_relay.recovery`): it
+  names the rows it owes by their place among those in the table, which a delete would move
+  (the rows it owes are never deleted anyway: the recorded position covers none of them).
 
 The delete checks the row filter, the sweep condition and the sweep boundary again, as read with
 the position that covers it: a relay restarted with another filter takes a new boundary, so rows
@@ -113,6 +116,7 @@ from cdc_relay.postgres_errors import During, error_for, message
 from cdc_relay.publication_filter import find_mismatch
 from cdc_relay.publication_stamp import sweep_refusal
 from cdc_relay.record_origin import problem, refusal
+from cdc_relay.recovery.loss import in_progress
 from cdc_relay.relayed_filters import differences
 from cdc_relay.replication.source import connect, relation_oid
 from cdc_relay.row_key import key_types, resolve_row_key
@@ -789,6 +793,14 @@ class Sweeper:
         be swept (the publication is not the one the relay recorded with its position)."""
         tables = [s.table for s in self._tables]
         several = bool(self.settings.outbox_tables)  # the per-table setting names the filter
+        recovering = in_progress(record.recovery) if record is not None else None
+        if recovering is not None and recovering.replaces_slot:
+            # A recovery names its rows by their place among those still in the table.
+            return {
+                t.table: "a recovery of the slot has not ended (cdc-relay recover): nothing is "
+                "swept until it has"
+                for t in tables
+            }
         found = differences(record.row_filters if record is not None else None, tables)
         if found is None:
             return {

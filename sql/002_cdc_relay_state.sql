@@ -39,6 +39,13 @@ ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS stamp_checked_xid x
 -- which one of those rows could look younger, or none): 32-bit row ids come round every 2^32
 -- transactions, and this lets a sweeper started later still tell them apart (see sweeper.py).
 ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS sweep_horizons jsonb;
+-- What the relay has provably published (a JSON object: the sweep boundary, a snapshot whose
+-- outbox rows Kafka acknowledged, and the offsets after which the records of any later row lie),
+-- written with the position: `cdc-relay recover` re-publishes only rows it does not prove.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS recovery_horizon jsonb;
+-- A recovery of a lost slot, while it runs and after (a JSON object: its new slot, its snapshot,
+-- what it has published so far): an interrupted recovery is resumed from it, without duplicates.
+ALTER TABLE cdc_relay.slot_position ADD COLUMN IF NOT EXISTS recovery jsonb;
 -- Which relay leads for this slot (issue 12): the leader holds a session-level advisory lock on a
 -- connection of its own and renews this lease every few seconds; a standby takes over when the
 -- lock is free, or when the lease has expired (a hung leader), ending the stale holder's backends.

@@ -45,6 +45,7 @@ from cdc_relay.publication_stamp import (
 from cdc_relay.publisher import ANY_PARTITION, NO_TIMESTAMP, refusal
 from cdc_relay.reconcile import Offsets, Reconciliation
 from cdc_relay.record_origin import Server, Stamp
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.replication.source import SlotState
 from cdc_relay.start import Started
 from cdc_relay.sweep_boundary import NO_HORIZON
@@ -443,8 +444,10 @@ class FakeStartStore:
         self._db.journal.append("ensure_table")
         return False
 
-    def restart_sweep_boundary(self) -> int | None:
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None:
         self._db.journal.append("restart_sweep_boundary")
+        if gap is not None:
+            self._db.recovery = gap.to_json()
         return self._db.next_xid
 
     def verify(self, stamp: PublicationStamp) -> None:
@@ -471,6 +474,7 @@ class FakeStartStore:
             db.recorded_stamp,
             db.checked_xid,
             "2026-01-01 00:00:00+00",
+            recovery=db.recovery,
         )
 
     def save(
@@ -531,6 +535,7 @@ class FakeStartDatabase:
         self.wal_end: int | None = 0x10_000_000
         self.promoted_at: int | None = None  # where timeline_id began (a promotion)
         self.lease_ours = True
+        self.recovery: object = None  # a recovery's plan as recorded (JSON)
         self.streams: list[FakeStream] = []
         self.closed = False
 
@@ -566,6 +571,17 @@ class FakeStartDatabase:
     def create_slot(self, failover: bool) -> SlotState:
         self.slot_state = slot_at(self.wal_end or 0)
         self.journal.append("create_slot")
+        return self.slot_state
+
+    def drop_slot(self) -> None:
+        self.journal.append("drop_slot")
+        self.slot_state = None
+
+    def recover(self, record: PositionRecord, cause: Cause, failover: bool) -> SlotState:
+        """A recovery: the new slot at the WAL's end, its start recorded."""
+        self.slot_state = slot_at(self.wal_end or 0)
+        self.recorded = self.slot_state.confirmed_flush
+        self.journal.append(("recover", cause.value))
         return self.slot_state
 
     def end_backend(self, pid: int) -> None:

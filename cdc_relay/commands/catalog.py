@@ -89,6 +89,35 @@ COMMANDS: tuple[Command, ...] = (
         (*_ALWAYS, ExitCode.FAILED, ExitCode.PREREQUISITE, ExitCode.POSITION),
     ),
     Command(
+        "recover",
+        "recover a lost slot: publish what never reached Kafka",
+        "For a replication slot that was dropped, or invalidated by max_slot_wal_keep_size, "
+        "after the relay used it: creates a new slot with a snapshot of its start, publishes "
+        "every outbox row committed before it that the relay has not provably published (in "
+        "commit order, with the same mapping, headers and dead-lettering as the stream; rows "
+        "in doubt are read back from Kafka, none is sent twice), and records the new slot. "
+        "It leads like a relay (waiting --wait seconds for a leading relay); stopped, it "
+        "resumes when run again. Does nothing when the slot is usable.",
+        "CDC_RELAY_DATABASE_URL and CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS, with the relay's "
+        "settings (its slot, tables, topics).",
+        "cdc-relay recover --slot-name orders_relay",
+        (*_ALWAYS, ExitCode.FAILED, ExitCode.PREREQUISITE, ExitCode.POSITION, ExitCode.POISON),
+    ),
+    Command(
+        "republish",
+        "publish retained outbox rows again (a replay)",
+        "For a consumer that lost its topic: publishes again the outbox rows still in the table "
+        "(published rows kept by CDC_RELAY_SWEEP_RETENTION_SECONDS, and any not yet swept), "
+        "selected by creation time and/or aggregate type and id, in commit order, with the "
+        "relay's mapping, to their own topics or to --to-topic. Each record carries the header "
+        "cdc_relay.replay, so consumers can tell a replay. It touches no slot or position and "
+        "runs beside the relays; --dry-run only counts.",
+        "CDC_RELAY_DATABASE_URL and CDC_RELAY_KAFKA_BOOTSTRAP_SERVERS, with the relay's "
+        "settings (its tables and topics).",
+        "cdc-relay republish --aggregate-type order --from 2026-11-28T00:00:00Z",
+        (*_ALWAYS, ExitCode.FAILED, ExitCode.PREREQUISITE),
+    ),
+    Command(
         "settings",
         "every setting: variable, flag, type, default, bounds, meaning",
         "Lists every setting, grouped by the part of the relay it configures, with its "

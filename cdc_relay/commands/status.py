@@ -1,10 +1,10 @@
 """``python -m cdc_relay status``: where the relay stands, from the database and the running relay.
 
-The database side (slot, recorded position, retained WAL, which relay holds the leader lease and
-every relay of the slot it can see: the leader and its standbys, by their leadership connections)
-is read directly; the live numbers
-(events published since start, in flight, lag) come from the running relay's ``/status``
-endpoint — the same counters ``/metrics`` exports.
+The database side (slot, recorded position, what it proves published and the last recovery of a
+lost slot, retained WAL, which relay holds the leader lease and every relay of the slot it can
+see: the leader and its standbys, by their leadership connections) is read directly; the live
+numbers (events published since start, in flight, lag) come from the running relay's
+``/status`` endpoint — the same counters ``/metrics`` exports.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from cdc_relay.config import Settings
 from cdc_relay.errors import SourceError
 from cdc_relay.exit_codes import ExitCode
 from cdc_relay.leadership import application_name
+from cdc_relay.recovery.horizon import horizon_from_json
+from cdc_relay.recovery.plan import plan_from_json
 from cdc_relay.replication.source import connect
 
 STATUS_TIMEOUT = 3.0  # seconds for the whole /status answer
@@ -60,7 +62,31 @@ def database_status(settings: Settings) -> dict[str, Any]:
             row = None
         result["recorded_lsn"] = row[0] if row else None
         result["recorded_at"] = str(row[1]) if row else None
+        result |= _recovery(conn, settings)
         result |= _lease(conn, settings)
+    return result
+
+
+def _recovery(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> dict[str, Any]:
+    """What the record proves published (:mod:`cdc_relay.recovery.horizon`), and the last
+    recovery of the slot, running or ended (rows, seconds)."""
+    try:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT recovery_horizon::text, recovery::text FROM {} WHERE slot_name = %s"
+            ).format(sql.Identifier(settings.state_schema, STATE_TABLE)),
+            (settings.slot_name,),
+        ).fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        return {}
+    if row is None:
+        return {}
+    horizon, recorded_plan = horizon_from_json(row[0]), plan_from_json(row[1])
+    result: dict[str, Any] = {
+        "published_below_xid": None if horizon is None else horizon.snapshot.xmin
+    }
+    if recorded_plan is not None:
+        result |= {f"recovery_{key}": value for key, value in recorded_plan.summary().items()}
     return result
 
 

@@ -241,6 +241,19 @@ class RelayMetrics:
             lambda: stats.retained_wal_bytes or 0,
             "By",
         )
+        gauge(
+            "cdc_relay.slot.lost",
+            "1 while this relay's last start found its slot dropped or invalidated, until it is "
+            "recovered",
+            lambda: int(stats.slot_lost),
+            "{slot}",
+        )
+        gauge(
+            "cdc_relay.recovery.rows_remaining",
+            "Outbox rows a recovery of the lost slot still owes Kafka (0 when none runs)",
+            stats.recovery_rows_remaining,
+            "{row}",
+        )
 
         counter(
             "cdc_relay.sweeper.rows_deleted",

@@ -100,6 +100,16 @@ class RelayStats:
     # What the last start named as possibly never streamed (cdc_relay.publication_stamp): the
     # change, the transactions and the query that finds their rows. None: nothing named.
     rows_in_doubt: dict[str, object] | None = None
+    # A recovery of a lost slot, as it goes (cdc_relay.recovery.plan.Plan.summary); None: none
+    recovery: dict[str, object] | None = None
+    slot_lost: bool = False  # the last start found the slot dropped or invalidated, unrecovered
+
+    def recovery_rows_remaining(self) -> int:
+        """Rows a running recovery still owes Kafka (0: none runs)."""
+        shown = self.recovery
+        if not shown or shown.get("state") == "done":
+            return 0
+        return max(int(str(shown.get("rows", 0))) - int(str(shown.get("done", 0))), 0)
 
     @property
     def leading(self) -> bool:
@@ -148,4 +158,6 @@ class RelayStats:
             "rows_waiting_to_be_swept": self.sweeper.rows_waiting if self.sweeper else None,
             "last_sweep_at": self.sweeper.last_sweep_at if self.sweeper else None,
             "rows_in_doubt": self.rows_in_doubt,
+            "slot_lost": self.slot_lost,
+            "recovery": self.recovery,
         }

@@ -9,11 +9,14 @@ import psycopg
 from psycopg import sql
 
 from cdc_relay.checkpoint import LEASE_TABLE, check_missing_slot, resolve_start
-from cdc_relay.config import Plugin
+from cdc_relay.config import OnSlotLoss, Plugin
 from cdc_relay.errors import PositionMismatch, RelayError, SlotInUse, SourceSetupError
 from cdc_relay.lsn import format_lsn
 from cdc_relay.prerequisites.probe import Checks, Unmet
 from cdc_relay.record_origin import history_switches, problem, refusal
+from cdc_relay.recovery.loss import ON_LOSS, in_progress, interrupted, invalidated
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.plan import Cause
 from cdc_relay.replication.failover import describe, promotion_note
 from cdc_relay.replication.source import SlotState, connect, plugin_missing, scalar
 from cdc_relay.replication.stream import timeline_history
@@ -28,6 +31,11 @@ class SlotChecks(Checks):
         """The slot as ``check`` judges it: usable by this relay, healthy, where the record is."""
         settings = self.settings
         name = settings.slot_name
+        unfinished = self._unfinished_recovery()
+        if unfinished is not None:
+            if settings.on_slot_loss is OnSlotLoss.RECOVER:
+                return f"{unfinished}; the leader finishes it at its start ({ON_LOSS})"
+            raise Unmet(unfinished, PositionMismatch)
         slot = self._slot()
         recorded = self._recorded()
         if slot is None:
@@ -44,12 +52,13 @@ class SlotChecks(Checks):
                 probe(slot)
             except Unmet as exc:
                 problems.append(exc.fix)
-        if slot.wal_status == "lost":
+        if invalidated(slot):
             problems.append(
-                f"{name} has lost WAL it needed (wal_status 'lost', see max_slot_wal_keep_size): "
-                "it can no longer stream, and events in the lost WAL were not relayed. Drop it; "
-                "then start the relay once with CDC_RELAY_ALLOW_SLOT_RESET=true and re-publish "
-                "what is missing"
+                loss_refusal(name, Cause.INVALIDATED, recorded or 0, slot)
+                if recorded is not None
+                else f"{name} was invalidated by the server (wal_status {slot.wal_status}): it can "
+                "never stream again. Drop it (SELECT pg_drop_replication_slot(...)): the relay "
+                "has recorded no position from it, so nothing was relayed from it"
             )
         confirmed = slot.confirmed_flush or 0
         origin = self._record_problem(confirmed)
@@ -75,6 +84,16 @@ class SlotChecks(Checks):
         if warning:
             detail += f"; {warning}"
         return detail
+
+    def _unfinished_recovery(self) -> str | None:
+        """A recovery (of a lost slot, a publication gap, an adoption) the record shows begun
+        and not ended, in words; None: none."""
+        try:
+            record = self._store().load_record()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, SourceSetupError):
+            return None  # reported by the state table check
+        plan = in_progress(record.recovery)
+        return None if plan is None else interrupted(self.settings.slot_name, plan)
 
     def _streaming_leader(self, slot: SlotState) -> str | None:
         """Who streams the slot, when that is the leading relay: its walsender is the one its

@@ -48,6 +48,8 @@ class SlotState:
     retained_wal: int | None  # bytes the slot keeps on the server
     failover: bool | None = None  # a failover slot (None: PostgreSQL < 17 has none)
     synced: bool | None = None  # synchronised from a primary (kept after a promotion)
+    # Why the server invalidated it (PostgreSQL 17+: wal_removed, idle_timeout, ...); None: valid
+    invalidation: str | None = None
 
 
 def connect(database_url: str) -> Connection:
@@ -75,9 +77,9 @@ def scalar(conn: Connection, query: sql.SQL | sql.Composed | str, *params: objec
 def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
     """What ``pg_replication_slots`` says about ``slot_name`` (None: no such slot)."""
     failover = sql.SQL(
-        "failover, synced"
+        "failover, synced, invalidation_reason"
         if conn.info.server_version >= FAILOVER_SERVER_VERSION
-        else "NULL::bool, NULL::bool"
+        else "NULL::bool, NULL::bool, NULL::text"
     )
     row = conn.execute(
         sql.SQL(
@@ -89,7 +91,7 @@ def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
     ).fetchone()
     if row is None:
         return None
-    kind, plugin, database, pid, confirmed, wal_status, retained, is_failover, synced = row
+    kind, plugin, database, pid, confirmed, wal_status, retained, is_failover, synced, why = row
     return SlotState(
         name=slot_name,
         kind=str(kind),
@@ -101,6 +103,7 @@ def slot_state(conn: Connection, slot_name: str) -> SlotState | None:
         retained_wal=int(str(retained)) if retained is not None else None,
         failover=bool(is_failover) if is_failover is not None else None,
         synced=bool(synced) if synced is not None else None,
+        invalidation=str(why) if why is not None else None,
     )
 
 
@@ -191,6 +194,20 @@ class SourceDatabase:
 
     def current_wal_lsn(self) -> int:
         return parse_lsn(str(scalar(self._conn, "SELECT pg_current_wal_lsn()::text")))
+
+
+def drop_slot(conn: Connection, slot_name: str) -> None:
+    """Drop ``slot_name`` (an invalidated one, which can never stream again)."""
+    try:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
+    except psycopg.errors.UndefinedObject:
+        return  # gone already
+    except psycopg.OperationalError as exc:
+        raise SourceUnavailable(f"cannot drop replication slot: {message(exc)}") from None
+    except psycopg.Error as exc:
+        raise SourceSetupError(
+            f"cannot drop replication slot {slot_name!r}: {message(exc)}"
+        ) from None
 
 
 def plugin_missing(plugin: str, major: int | None = None) -> str:

@@ -13,20 +13,24 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from cdc_relay.checkpoint import PostgresCheckpointStore
+from cdc_relay.checkpoint import PostgresCheckpointStore, Record
 from cdc_relay.config import Settings
 from cdc_relay.decode import plugin_options_for
-from cdc_relay.leadership import Leadership, terminate_backend
+from cdc_relay.errors import SourceUnavailable
+from cdc_relay.leadership import Leadership, require_lease, terminate_backend
+from cdc_relay.observability.stats import RelayStats
 from cdc_relay.prerequisites import require, require_usable_slot, verified_stamp
 from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.publication_stamp import Change, PublicationStamp, parse, unrelayed_changes
 from cdc_relay.record_origin import history_switches
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.replication.failover import ensure_failover, promotion_note, wants_failover
 from cdc_relay.replication.source import (
     Heartbeats,
     SlotState,
     SourceDatabase,
     connect,
+    drop_slot,
     retained_wal,
     slot_state,
 )
@@ -83,9 +87,16 @@ def kafka_read_back(settings: Settings, stopping: Callable[[], bool]) -> ReadBac
 class PostgresStart:
     """:class:`StartDatabase` on one psycopg connection (and the replication protocol's own)."""
 
-    def __init__(self, settings: Settings, leadership: Leadership, waits: WaitWatch) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        leadership: Leadership,
+        waits: WaitWatch,
+        stats: RelayStats | None = None,
+    ) -> None:
         self._settings = settings
         self._leadership = leadership
+        self._stats = stats or RelayStats()
         self._url = settings.source_url()
         self._waits = waits
         self._conn = connect(self._url)
@@ -171,6 +182,35 @@ class PostgresStart:
                 return source.create_slot(failover)
         finally:
             conn.close()
+
+    def drop_slot(self) -> None:
+        with self._watch("dropping the invalidated replication slot"):
+            drop_slot(self._conn, self._settings.slot_name)
+
+    def recover(self, record: Record, cause: Cause, failover: bool) -> SlotState:
+        from cdc_relay.recovery.run import Recovery  # noqa: PLC0415 - only after a loss
+
+        leadership = self._leadership
+        stats = self._stats
+
+        def shown(plan: Plan) -> None:
+            stats.recovery = plan.summary()
+
+        Recovery(
+            self._settings,
+            self._conn,
+            holder=leadership.holder,
+            stats=stats,
+            stopping=self._waits.stop_requested,
+            require_leading=lambda: require_lease(leadership.leading, "the recovery stops"),
+            on_progress=shown,
+            waits=self._waits,
+            watched=self._watched,
+        ).run(record, cause, failover)
+        slot = self.slot()
+        if slot is None:
+            raise SourceUnavailable("the recovered slot disappeared")
+        return slot
 
     def end_backend(self, pid: int) -> None:
         with self._watch("ending the previous leader's walsender"):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 
 from cdc_relay.checkpoint import Record, check_missing_slot, resolve_start
-from cdc_relay.config import Settings
+from cdc_relay.config import OnSlotLoss, Settings, env_name
 from cdc_relay.errors import PositionMismatch, SourceUnavailable
 from cdc_relay.lsn import format_lsn
 from cdc_relay.observability import launch
@@ -25,6 +25,17 @@ from cdc_relay.observability.stats import RelayStats
 from cdc_relay.publication_filter import FilterMismatch
 from cdc_relay.publication_stamp import Change, PublicationStamp, unrelayed_message
 from cdc_relay.record_origin import problem, refusal
+from cdc_relay.recovery.loss import (
+    ON_LOSS,
+    RECOVER,
+    in_progress,
+    interrupted,
+    publication_gap,
+    slot_loss,
+    what_happened,
+)
+from cdc_relay.recovery.loss import refusal as loss_refusal
+from cdc_relay.recovery.plan import Cause, Plan
 from cdc_relay.relayed_filters import differences, recorded_form
 from cdc_relay.replication.source import SlotState
 
@@ -46,7 +57,7 @@ class StartStore(Protocol):
 
     def ensure_table(self) -> bool: ...
 
-    def restart_sweep_boundary(self) -> int | None: ...
+    def restart_sweep_boundary(self, gap: Plan | None = None) -> int | None: ...
 
     def verify(self, stamp: PublicationStamp) -> None:
         """Every later write requires the publication still to be ``stamp`` (and records it)."""
@@ -109,6 +120,13 @@ class StartDatabase(Protocol):
     def slot(self) -> SlotState | None: ...
 
     def create_slot(self, failover: bool) -> SlotState: ...
+
+    def drop_slot(self) -> None:
+        """Drop the (invalidated) slot: a start that accepts the gap creates it again."""
+
+    def recover(self, record: Record, cause: Cause, failover: bool) -> SlotState:
+        """Recover the lost slot (:mod:`cdc_relay.recovery`): the new slot, once the position
+        record has its start."""
 
     def end_backend(self, pid: int) -> None: ...
 
@@ -278,6 +296,14 @@ class StartSequence:
             self.stats.start_replication_monotonic = instant.monotonic
             self.stats.start_replication_after_launch_s = instant.since_launch
 
+    def prepared(self) -> int:
+        """Prepare on a connection of its own, closed after: ``cdc-relay recover``'s start."""
+        database = self._connect()
+        try:
+            return self.prepare(database)
+        finally:
+            database.close()
+
     def prepare(self, database: StartDatabase, *, checked: bool = False) -> int:
         """Check the database, create what is missing, and decide where to start.
 
@@ -310,7 +336,10 @@ class StartSequence:
         store.verify(stamp)  # every write from here on proves it unchanged
         self._table_oids = stamp.table_oids()
         if unrelayed:
-            self._name_unrelayed(unrelayed, record, store.restart_sweep_boundary())
+            gap = publication_gap(record)
+            self._name_unrelayed(unrelayed, record, store.restart_sweep_boundary(gap))
+            if gap is not None:
+                record = store.load_record()  # with the gap's recovery planned
         recorded, reset = self._trusted_position(database, record)
         # Acknowledged under a publication that has changed since: resumed from the record.
         carried = None if unrelayed else self._carried_position(database)
@@ -323,6 +352,7 @@ class StartSequence:
             store.save(carried, acknowledged.offsets if carried == acknowledged.position else None)
             recorded = carried
         slot = database.slot()
+        slot, recorded = self._lost_slot(database, record, slot, recorded, failover)
         if slot is None:
             warning = check_missing_slot(settings.slot_name, recorded, settings.allow_slot_reset)
             slot = database.create_slot(failover)
@@ -367,6 +397,92 @@ class StartSequence:
         store.record_row_filters(filters, refiltered)
         self.stats.confirmed_lsn = start
         return start
+
+    def _lost_slot(
+        self,
+        database: StartDatabase,
+        record: Record,
+        slot: SlotState | None,
+        recorded: int | None,
+        failover: bool,
+    ) -> tuple[SlotState | None, int | None]:
+        """A slot dropped or invalidated after the relay used it, or a recovery not yet ended:
+        refused (exit 4, naming ``cdc-relay recover``), recovered (``CDC_RELAY_ON_SLOT_LOSS=
+        recover``), or — with ``CDC_RELAY_ALLOW_SLOT_RESET`` — an invalidated slot dropped, so
+        that a new one is created over the gap. The slot and recorded position to go on with."""
+        settings = self.settings
+        plan = in_progress(record.recovery)
+        adopted = self._adoption(
+            database, record, plan, slot is None and recorded is None, failover
+        )
+        if adopted is not None:
+            return adopted, adopted.confirmed_flush
+        cause = slot_loss(slot, recorded)
+        if cause is None and plan is not None and plan.cause is Cause.PUBLICATION:
+            self._publication_gap(database, record, plan, failover)
+            plan = None  # the slot streams on
+        self.stats.slot_lost = cause is not None or plan is not None
+        if cause is None and plan is None:
+            return slot, recorded
+        if settings.allow_slot_reset:
+            if slot is not None and cause is not None:
+                log.warning(what_happened(settings.slot_name, cause, recorded or 0, slot))
+                database.drop_slot()
+                return None, recorded
+            return slot, recorded
+        if settings.on_slot_loss is OnSlotLoss.REFUSE:
+            if cause is not None:
+                raise PositionMismatch(loss_refusal(settings.slot_name, cause, recorded or 0, slot))
+            assert plan is not None
+            raise PositionMismatch(interrupted(settings.slot_name, plan))
+        if cause is not None:
+            log.error(
+                f"{what_happened(settings.slot_name, cause, recorded or 0, slot)}: recovering "
+                f"({env_name('on_slot_loss')}=recover)"
+            )
+        recovered = database.recover(
+            record, cause or (plan.cause if plan else Cause.DROPPED), failover
+        )
+        self.stats.slot_lost = False
+        return recovered, recovered.confirmed_flush
+
+    def _adoption(
+        self,
+        database: StartDatabase,
+        record: Record,
+        plan: Plan | None,
+        first: bool,
+        failover: bool,
+    ) -> SlotState | None:
+        """A first start (``first``: no slot, no record) told to adopt the table's rows, or an
+        adoption not yet ended: its new slot, once done. None: nothing to adopt."""
+        condition = self.settings.adopt_condition
+        if plan is not None and plan.cause is Cause.ADOPTED:
+            return database.recover(record, Cause.ADOPTED, failover)  # an adoption resumed
+        if not first or condition is None:
+            return None
+        log.info(
+            "adopting the outbox: publishing the rows already there that match "
+            f"{env_name('adopt_condition')} before streaming",
+            extra={"fields": {"condition": condition}},
+        )
+        return database.recover(record, Cause.ADOPTED, failover)
+
+    def _publication_gap(
+        self, database: StartDatabase, record: Record, plan: Plan, failover: bool
+    ) -> None:
+        """Rows a publication change may have kept from the slot, planned for recovery: published
+        now (``CDC_RELAY_ON_SLOT_LOSS=recover``), or left for ``cdc-relay recover`` (the relay
+        streams on meanwhile; no sweep deletes them)."""
+        if self.settings.on_slot_loss is OnSlotLoss.RECOVER:
+            database.recover(record, Cause.PUBLICATION, failover)
+            return
+        log.warning(
+            "outbox rows a change of the publication may have kept from the slot are still "
+            f"unpublished: run `{RECOVER}` (with the relays stopped) to publish those not in "
+            f"Kafka, or start with {ON_LOSS}",
+            extra={"fields": {"from_xid": plan.boundary, "to_xid": plan.below}},
+        )
 
     def _name_unrelayed(
         self, unrelayed: list[Change], record: Record, boundary: int | None

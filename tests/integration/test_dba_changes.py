@@ -549,3 +549,41 @@ def test_a_state_table_from_before_the_stamp_gains_it_and_names_nothing(
         run.slot,
     )
     assert recorded == run.publication
+
+
+@pytest.mark.parametrize("how", ["recover-command", "on-slot-loss"])
+def test_the_rows_a_publication_change_kept_from_the_slot_are_recovered(
+    run: Run, reader: BackgroundReader, how: str
+) -> None:
+    """The rows named at the start (the table was out of the publication while they were
+    committed) are published by `cdc-relay recover` (the relays stopped), or by the start itself
+    with CDC_RELAY_ON_SLOT_LOSS=recover: each once, the rest streamed as before."""
+    relay = run.relay()
+    try:
+        relay.wait_streaming()
+        before = run.write(3)
+        _arrive(reader, before)
+        run.ddl(f"ALTER PUBLICATION {run.publication} DROP TABLE outbox")
+        gap = run.write(3)
+        run.ddl(f"ALTER PUBLICATION {run.publication} ADD TABLE outbox")
+        run.write(3)
+        _stopped_loudly(relay, _outcome(relay, reader, run.written, timeout=20))
+    finally:
+        relay.close()
+    assert not set(gap) & reader.event_ids()
+    if how == "recover-command":
+        with run.streaming() as relay:  # names the rows, plans their recovery, streams on
+            _named(relay)
+            assert "run `cdc-relay recover` (with the relays stopped)" in relay.logs()
+        recovered = cdc_relay(run.env, "recover")
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    else:
+        with run.streaming(on_slot_loss="recover") as relay:
+            _arrive(reader, run.written)
+            assert "recovered the slot" in relay.logs()
+    _arrive(reader, run.written)
+    time.sleep(1.0)
+    assert reader.duplicates() == 0
+    with run.streaming():  # and a later start finds nothing more to do
+        pass
+    assert reader.duplicates() == 0

@@ -371,3 +371,40 @@ def test_a_partitioned_outbox_is_relayed_and_swept_as_the_documented_role(
     assert "sweep failed" not in relay.logs()
     assert isinstance(horizons, str)
     assert len(orjson.loads(horizons)) == 4  # the partitions' looks, kept for later sweepers
+
+
+def test_a_lost_slot_is_recovered_and_retained_rows_republished_as_the_documented_role(
+    database: str, broker: KafkaBroker, unique: str, least_privilege: tuple[str, str]
+) -> None:
+    relay_url, _owner = least_privilege
+    env = relay_env(
+        relay_url,
+        broker.bootstrap_servers,
+        unique,
+        publication_name=PUBLICATION,
+        confirm_interval="0.2",
+        idle_confirm_interval="0.3",
+    )
+    slot = f"slot_{unique}"
+    before = [new_event("order", f"o-{i % 3}", "created", {"n": i}) for i in range(10)]
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        write_transactions(database, [before])
+        consume_all(broker.bootstrap_servers, f"{unique}.order", 10, 30)
+    finally:
+        relay.kill()
+        relay.close()
+    lost = [new_event("order", f"o-{i % 3}", "created", {"n": 10 + i}) for i in range(10)]
+    write_transactions(database, [lost])
+    scalar(database, "SELECT pg_drop_replication_slot(%s)", slot)
+
+    recovered = cdc_relay(env, "recover")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    replayed = cdc_relay(env, "republish", "--to-topic", f"{unique}.replay")
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    records = consume_all(broker.bootstrap_servers, f"{unique}.order", 20, 30, grace=1.0)
+    assert sorted(r.header("id") or b"" for r in records) == sorted(
+        e.id.encode() for e in before + lost
+    )
+    assert len(consume_all(broker.bootstrap_servers, f"{unique}.replay", 20, 30)) == 20

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ from confluent_kafka import Producer
 from cdc_relay.local import LocalBroker
 from cdc_relay.reconcile import POSITION_HEADER
 from tests.conftest import KafkaBroker
+from tests.integration.recovery_support import drop_slot
 from tests.integration.relay_support import (
     Event,
     RelayProcess,
@@ -30,7 +32,7 @@ from tests.integration.relay_support import (
     wait_until,
     write_transactions,
 )
-from tests.integration.test_relay_faults import _BackgroundWriter, kill_while_writing
+from tests.integration.test_relay_faults import _BackgroundWriter, _wrote, kill_while_writing
 from tests.kafka_helpers import Record, consume_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("plugin")]
@@ -56,6 +58,25 @@ def _consume_covering(bootstrap: str, topic: str, ids: set[str], timeout: float)
         time.sleep(1.0)
 
 
+def _restart_and_count(
+    env: dict[str, str], broker: KafkaBroker, topic: str, committed: list[str]
+) -> tuple[list[Record], int, int]:
+    """A relay started again reads on until every committed event arrived: what arrived, and
+    how many duplicates by id and by position (none may be missing)."""
+    relay = RelayProcess(env).start()
+    try:
+        relay.wait_streaming()
+        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
+        assert relay.stop() == 0
+        logs = relay.logs()
+    finally:
+        relay.close()
+    missing = set(committed) - set(_ids(records))
+    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{logs}"
+    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
+    return records, _duplicates(list(_ids(records))), by_position
+
+
 @pytest.mark.parametrize("reconcile", ["false", "true"])
 def test_kill_9_repeatedly_with_writers_running(
     database: str, broker: KafkaBroker, unique: str, reconcile: str
@@ -71,20 +92,8 @@ def test_kill_9_repeatedly_with_writers_running(
         kill_while_writing(relay, env, writer, kills, 800)
     committed = [event_id for event_id, _ in writer.committed]
 
-    relay = RelayProcess(env).start()
-    try:
-        relay.wait_streaming()
-        records = _consume_covering(broker.bootstrap_servers, topic, set(committed), 120)
-        assert relay.stop() == 0
-        logs = relay.logs()
-    finally:
-        relay.close()
-
+    records, by_id, by_position = _restart_and_count(env, broker, topic, committed)
     ids = _ids(records)
-    missing = set(committed) - set(ids)
-    assert not missing, f"{len(missing)} of {len(committed)} events lost:\n{logs}"
-    by_id = _duplicates(list(ids))
-    by_position = _duplicates([r.header(POSITION_HEADER) for r in records])
     assert all(r.header(POSITION_HEADER) for r in records)
     print(
         f"\nreconcile={reconcile}: {len(committed)} events, {kills} x kill -9: "
@@ -95,6 +104,39 @@ def test_kill_9_repeatedly_with_writers_running(
         assert by_position == 0
     counts = Counter(ids)
     assert all(counts[event_id] >= 1 for event_id in committed)
+
+
+def test_kill_9_and_a_slot_dropped_with_writers_running_lose_and_repeat_nothing(
+    database: str, broker: KafkaBroker, unique: str
+) -> None:
+    """Slot loss as one more fault: kills before and after, the slot dropped while the relay is
+    down and the writer runs; the relay recovers at its start (CDC_RELAY_ON_SLOT_LOSS=recover)."""
+    create_outbox(database)
+    topic = f"{unique}.order"
+    broker.create_topic(topic, partitions=3)
+    env = relay_env(database, broker.bootstrap_servers, unique, on_slot_loss="recover")
+    relay = RelayProcess(env).start()
+    relay.wait_streaming()
+    with _BackgroundWriter(database) as writer:
+        kill_while_writing(relay, env, writer, 2, 600)
+        drop_slot(database, f"slot_{unique}")
+        relay = RelayProcess(env).start()
+        try:
+            relay.wait_for_log("recovered the slot", 120)
+            wait_until(partial(_wrote, writer, len(writer.committed) + 600), 60, "the writer")
+            relay.kill()
+            recovered = relay.logs()
+        finally:
+            relay.close()
+    committed = [event_id for event_id, _ in writer.committed]
+
+    _, by_id, by_position = _restart_and_count(env, broker, topic, committed)
+    print(
+        f"\n{len(committed)} events, 3 x kill -9 and a dropped slot: {by_id} duplicates by id, "
+        f"{by_position} by position"
+    )
+    assert by_id == 0, recovered
+    assert by_position == 0
 
 
 def test_an_event_not_in_kafka_at_the_crash_is_published_after_the_restart(

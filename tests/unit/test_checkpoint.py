@@ -84,6 +84,8 @@ def test_missing_slot_with_a_record_refuses_to_start() -> None:
     assert "2/B0" in message
     assert "the relay refuses to start" in message
     assert "No new slot is created" in message  # read by setup and check as well
+    assert "run `cdc-relay recover`" in message
+    assert "CDC_RELAY_ON_SLOT_LOSS=recover" in message
     assert info.value.exit_code == 4
 
 

@@ -442,6 +442,15 @@ OWN_FLAGS = {
     "check": [],
     "status": ["--relay-host HOST"],
     "sweep": ["--once", "--wait SECONDS"],
+    "recover": ["--wait SECONDS"],
+    "republish": [
+        "--from ISO",
+        "--until ISO",
+        "--aggregate-type TYPE",
+        "--aggregate-id ID",
+        "--to-topic NAME",
+        "--dry-run",
+    ],
     "settings": ["--markdown"],
     "demo": ["--events N", "--rate R"],
 }

@@ -24,8 +24,8 @@ def test_the_default_state_schema_renders_the_file_unchanged() -> None:
 
 def test_another_state_schema_is_an_exact_identifier_everywhere() -> None:
     text = state_table_ddl('My"Schema').as_string(None)
-    # CREATE SCHEMA, CREATE TABLE, 9 x ALTER TABLE, CREATE TABLE (the leader lease)
-    assert text.count('"My""Schema"') == 12
+    # CREATE SCHEMA, CREATE TABLE, 11 x ALTER TABLE, CREATE TABLE (the leader lease)
+    assert text.count('"My""Schema"') == 14
     assert "cdc_relay" not in text
 
 

@@ -150,6 +150,7 @@ def test_the_required_alerts_exist() -> None:
             "CdcRelayExactlyOnceAborts",
             "cdc_relay_kafka_transactions_aborted_total",
         ),
+        "slot lost": ("CdcRelaySlotLost", "cdc_relay_slot_lost"),
     }
     for what, (alert, metric) in covered.items():
         assert metric in expressions.get(alert, ""), what
